@@ -1,0 +1,49 @@
+// A fixed pool of worker threads that runs data-parallel loops. It is created once by the
+// frontend and passed explicitly to whatever needs it (never a global).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvs {
+
+class ThreadPool {
+ public:
+  // n_threads counts the calling thread: a pool of 1 runs everything inline.
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(thread_index, begin, end) over [0, n) split into size() contiguous ranges
+  // whose boundaries are multiples of `grain`. Blocks until every range is done.
+  void ParallelFor(size_t n, size_t grain,
+                   const std::function<void(int, size_t, size_t)>& fn);
+
+  static int DefaultThreadCount();
+
+ private:
+  void WorkerLoop(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int, size_t, size_t)>* job_ = nullptr;
+  size_t job_n_ = 0;
+  size_t job_grain_ = 1;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace kvs

@@ -1,0 +1,75 @@
+// Reads GGUF v2/v3 files through mmap. Every count, length, offset and size is checked
+// against the file before use, so a corrupt file yields a one-line error, never a crash or
+// a huge allocation. GGUF v1 is rejected with a message that says so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "gguf/gguf_types.h"
+#include "tensor/dtype.h"
+
+namespace kvs::gguf {
+
+struct TensorInfo {
+  std::string name;
+  std::vector<uint64_t> dims;  // GGML order: dims[0] is the innermost (row length)
+  DType type = DType::kF32;
+  uint64_t offset = 0;    // relative to the data section
+  uint64_t n_elements = 0;
+  uint64_t n_bytes = 0;
+  const uint8_t* data = nullptr;  // points into the mapping
+
+  uint64_t rows() const { return dims.empty() ? 1 : n_elements / dims[0]; }
+};
+
+class File {
+ public:
+  // Maps and parses `path`.
+  static Expected<std::unique_ptr<File>> Open(const std::string& path);
+  // Parses an in-memory image (tests); the bytes are owned by the File.
+  static Expected<std::unique_ptr<File>> FromBytes(std::vector<uint8_t> bytes);
+
+  ~File();
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  const std::vector<std::pair<std::string, Value>>& metadata() const { return metadata_; }
+  const Value* Find(std::string_view key) const;
+  std::optional<uint64_t> GetUint(std::string_view key) const;
+  std::optional<int64_t> GetInt(std::string_view key) const;
+  std::optional<double> GetFloat(std::string_view key) const;
+  std::optional<bool> GetBool(std::string_view key) const;
+  std::optional<std::string> GetString(std::string_view key) const;
+
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* FindTensor(std::string_view name) const;
+
+ private:
+  File() = default;
+  Status Parse();
+
+  std::string path_;
+  const uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+  void* mapping_ = nullptr;          // mmap'ed region, or null when owned_ holds the bytes
+  std::vector<uint8_t> owned_;
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  std::vector<std::pair<std::string, Value>> metadata_;
+  std::vector<TensorInfo> tensors_;
+};
+
+}  // namespace kvs::gguf

@@ -1,0 +1,31 @@
+// Weight matrix x activations, the bulk of every forward pass.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "tensor/dtype.h"
+
+namespace kvs {
+
+// A [rows][cols] weight matrix in its stored type (row-major, each row RowBytes(type, cols)).
+// GGUF's dims are {cols, rows}.
+struct MatrixView {
+  DType type = DType::kF32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+
+  const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+};
+
+// out[t][r] = sum_c W[r][c] * x[t][c] for t < n_tokens.
+// x is [n_tokens][cols] f32, out is [n_tokens][rows] f32. Rows are split over the pool.
+void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, ThreadPool& pool);
+
+// Scalar twin of MatMul: dequantizes each row and accumulates in double. Tests only.
+void MatMulReference(const MatrixView& w, const float* x, int64_t n_tokens, float* out);
+
+}  // namespace kvs
