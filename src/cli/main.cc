@@ -1,1 +1,26 @@
-// placeholder
+// kvserve: one binary, subcommands (generate, tokenize, inspect, perplexity, ...).
+#include <cstdio>
+#include <vector>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvserve: an LLM inference engine built around the KV cache"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvserve 0.1.0");
+  std::vector<std::pair<CLI::App*, kvs::cli::Runner>> commands;
+  auto add = [&](kvs::cli::Runner r) { commands.emplace_back(app.get_subcommands({}).back(), std::move(r)); };
+  add(kvs::cli::AddGenerateCommand(app));
+  add(kvs::cli::AddTokenizeCommand(app));
+  add(kvs::cli::AddInspectCommand(app));
+  add(kvs::cli::AddPerplexityCommand(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (auto& [sub, run] : commands) {
+    if (sub->parsed()) return run();
+  }
+  return 1;
+}

@@ -1,1 +1,147 @@
-// placeholder
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "tensor/quantize.h"
+
+namespace kvs {
+
+ForwardPass::ForwardPass(const Model& model, ThreadPool& pool)
+    : model_(model), c_(model.config()), pool_(pool) {}
+
+void ForwardPass::Reserve(int32_t n, int32_t n_ctx) {
+  if (n <= reserved_tokens_ && n_ctx <= reserved_ctx_) return;
+  n = std::max(n, reserved_tokens_);
+  n_ctx = std::max(n_ctx, reserved_ctx_);
+  const size_t N = n;
+  x_.Resize(N * c_.n_embd);
+  xn_.Resize(N * c_.n_embd);
+  q_.Resize(N * c_.q_dim());
+  k_.Resize(N * c_.k_dim());
+  v_.Resize(N * c_.v_dim());
+  att_.Resize(N * c_.n_head * c_.head_dim_v);
+  gate_.Resize(N * c_.n_ff);
+  up_.Resize(N * c_.n_ff);
+  proj_.Resize(N * c_.n_embd);
+  rope_.Resize(N * c_.n_rot);
+  scores_.Resize(static_cast<size_t>(pool_.size()) * n_ctx);
+  reserved_tokens_ = n;
+  reserved_ctx_ = n_ctx;
+}
+
+Status ForwardPass::Run(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache,
+                        int32_t n_out, float* logits) {
+  if (n <= 0) return Status::Error("forward pass needs at least one token");
+  if (n_out < 0 || n_out > n) return Status::Error("n_out out of range");
+  if (pos0 < 0 || static_cast<int64_t>(pos0) + n > cache.n_ctx()) {
+    return Status::Error(StrFormat("context full: positions %d..%d exceed the context size %d", pos0,
+                                   pos0 + n - 1, cache.n_ctx()));
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c_.n_vocab) {
+      return Status::Error(StrFormat("token id %d is outside the vocabulary (0..%d)", tokens[i], c_.n_vocab - 1));
+    }
+  }
+  const ModelWeights& w = model_.weights();
+  for (int32_t start = 0; start < n; start += kMaxUbatch) {
+    const int32_t len = std::min(kMaxUbatch, n - start);
+    Reserve(len, cache.n_ctx());
+    RunUbatch(tokens + start, len, pos0 + start, cache);
+    // Logits for the rows of this ubatch that fall in the last n_out tokens.
+    const int32_t first_out = n - n_out;
+    const int32_t lo = std::max(first_out, start), hi = start + len;
+    if (lo >= hi) continue;
+    for (int32_t i = lo; i < hi; ++i) {
+      const float* xi = x_.data() + static_cast<size_t>(i - start) * c_.n_embd;
+      RmsNorm(xi, w.output_norm.data(), c_.n_embd, c_.rms_eps, xn_.data() + static_cast<size_t>(i - lo) * c_.n_embd);
+    }
+    MatMul(w.output, xn_.data(), hi - lo, logits + static_cast<size_t>(lo - first_out) * c_.n_vocab, pool_);
+  }
+  return Status::Ok();
+}
+
+void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache) {
+  const ModelWeights& w = model_.weights();
+  const int32_t d = c_.n_embd;
+  float* x = x_.data();
+  float* xn = xn_.data();
+
+  for (int32_t i = 0; i < n; ++i) {
+    DequantizeRow(w.token_embd.type, w.token_embd.row(tokens[i]), x + static_cast<size_t>(i) * d, d);
+  }
+  RopeParams rope{c_.n_rot, c_.rope_freq_base, c_.rope_freq_scale, c_.rope_neox,
+                  w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
+  for (int32_t i = 0; i < n; ++i) RopeAngles(pos0 + i, rope, rope_.data() + static_cast<size_t>(i) * c_.n_rot);
+
+  for (int32_t l = 0; l < c_.n_layer; ++l) {
+    const LayerWeights& L = w.layers[l];
+    for (int32_t i = 0; i < n; ++i) {
+      RmsNorm(x + static_cast<size_t>(i) * d, L.attn_norm.data(), d, c_.rms_eps, xn + static_cast<size_t>(i) * d);
+    }
+    MatMul(L.wq, xn, n, q_.data(), pool_);
+    MatMul(L.wk, xn, n, k_.data(), pool_);
+    MatMul(L.wv, xn, n, v_.data(), pool_);
+    for (int32_t i = 0; i < n; ++i) {
+      float* qi = q_.data() + static_cast<size_t>(i) * c_.q_dim();
+      float* ki = k_.data() + static_cast<size_t>(i) * c_.k_dim();
+      float* vi = v_.data() + static_cast<size_t>(i) * c_.v_dim();
+      if (!L.bq.empty()) AddInPlace(qi, L.bq.data(), c_.q_dim());
+      if (!L.bk.empty()) AddInPlace(ki, L.bk.data(), c_.k_dim());
+      if (!L.bv.empty()) AddInPlace(vi, L.bv.data(), c_.v_dim());
+      const float* cs = rope_.data() + static_cast<size_t>(i) * c_.n_rot;
+      for (int32_t h = 0; h < c_.n_head; ++h) {
+        float* qh = qi + static_cast<size_t>(h) * c_.head_dim_k;
+        if (!L.q_norm.empty()) RmsNorm(qh, L.q_norm.data(), c_.head_dim_k, c_.rms_eps, qh);
+        ApplyRope(qh, cs, c_.n_rot, c_.rope_neox);
+      }
+      for (int32_t h = 0; h < c_.n_head_kv; ++h) {
+        float* kh = ki + static_cast<size_t>(h) * c_.head_dim_k;
+        if (!L.k_norm.empty()) RmsNorm(kh, L.k_norm.data(), c_.head_dim_k, c_.rms_eps, kh);
+        ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
+      }
+      std::copy(ki, ki + c_.k_dim(), cache.k(l, pos0 + i));
+      std::copy(vi, vi + c_.v_dim(), cache.v(l, pos0 + i));
+    }
+    Attention(l, n, pos0, cache);
+    MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
+    AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
+
+    for (int32_t i = 0; i < n; ++i) {
+      RmsNorm(x + static_cast<size_t>(i) * d, L.ffn_norm.data(), d, c_.rms_eps, xn + static_cast<size_t>(i) * d);
+    }
+    MatMul(L.w_gate, xn, n, gate_.data(), pool_);
+    MatMul(L.w_up, xn, n, up_.data(), pool_);
+    SwiGlu(gate_.data(), up_.data(), gate_.data(), static_cast<int64_t>(n) * c_.n_ff);
+    MatMul(L.w_down, gate_.data(), n, proj_.data(), pool_);
+    AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
+  }
+}
+
+void ForwardPass::Attention(int32_t layer, int32_t n, int32_t pos0, SimpleKvCache& cache) {
+  const int32_t hk = c_.head_dim_k, hv = c_.head_dim_v;
+  const int32_t group = c_.n_head / c_.n_head_kv;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hk));
+  const size_t n_ctx = cache.n_ctx();
+  pool_.ParallelFor(static_cast<size_t>(n) * c_.n_head, 1, [&](int thread, size_t begin, size_t end) {
+    float* scores = scores_.data() + thread * n_ctx;
+    for (size_t job = begin; job < end; ++job) {
+      const int32_t i = static_cast<int32_t>(job / c_.n_head), h = static_cast<int32_t>(job % c_.n_head);
+      const int32_t g = h / group;
+      const int32_t n_keys = pos0 + i + 1;  // causal: this token sees itself and everything before
+      const float* qh = q_.data() + static_cast<size_t>(i) * c_.q_dim() + static_cast<size_t>(h) * hk;
+      for (int32_t j = 0; j < n_keys; ++j) {
+        scores[j] = DotF32(qh, cache.k(layer, j) + static_cast<size_t>(g) * hk, hk) * scale;
+      }
+      Softmax(scores, n_keys);
+      float* out = att_.data() + static_cast<size_t>(i) * c_.n_head * hv + static_cast<size_t>(h) * hv;
+      std::fill(out, out + hv, 0.f);
+      for (int32_t j = 0; j < n_keys; ++j) {
+        Axpy(scores[j], cache.v(layer, j) + static_cast<size_t>(g) * hv, out, hv);
+      }
+    }
+  });
+}
+
+}  // namespace kvs

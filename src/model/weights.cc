@@ -1,1 +1,120 @@
-// placeholder
+#include "model/weights.h"
+
+#include "tensor/quantize.h"
+
+namespace kvs {
+namespace {
+
+std::string ShapeString(const std::vector<uint64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+class TensorLoader {
+ public:
+  explicit TensorLoader(const gguf::File& f) : f_(f) {}
+
+  Expected<const gguf::TensorInfo*> Find(const std::string& name, std::vector<uint64_t> dims,
+                                         bool required = true) {
+    const gguf::TensorInfo* t = f_.FindTensor(name);
+    if (!t) {
+      if (!required) return static_cast<const gguf::TensorInfo*>(nullptr);
+      return Status::Error(StrFormat("missing tensor '%s'", name.c_str()));
+    }
+    if (t->dims != dims) {
+      return Status::Error(StrFormat("tensor '%s' has shape %s, expected %s", name.c_str(),
+                                     ShapeString(t->dims).c_str(), ShapeString(dims).c_str()));
+    }
+    auto info = GetDTypeInfo(static_cast<uint32_t>(t->type));
+    if (!info->supported) {
+      return Status::Error(StrFormat("tensor '%s' has type %s, which kvserve cannot compute yet",
+                                     name.c_str(), std::string(info->name).c_str()));
+    }
+    return t;
+  }
+
+  // A [rows][cols] matrix (GGUF dims {cols, rows}).
+  Status Matrix(const std::string& name, int64_t rows, int64_t cols, MatrixView* out,
+                bool required = true) {
+    KVS_ASSIGN_OR_RETURN(const gguf::TensorInfo* t,
+                         Find(name, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, required));
+    if (!t) return Status::Ok();
+    out->type = t->type;
+    out->data = t->data;
+    out->rows = rows;
+    out->cols = cols;
+    out->row_bytes = RowBytes(t->type, cols);
+    return Status::Ok();
+  }
+
+  Status Vector(const std::string& name, int64_t n, std::vector<float>* out, bool required = true) {
+    KVS_ASSIGN_OR_RETURN(const gguf::TensorInfo* t, Find(name, {static_cast<uint64_t>(n)}, required));
+    if (!t) return Status::Ok();
+    out->resize(n);
+    DequantizeRow(t->type, t->data, out->data(), n);
+    return Status::Ok();
+  }
+
+ private:
+  const gguf::File& f_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+  KVS_ASSIGN_OR_RETURN(auto file, gguf::File::Open(path));
+  auto model = FromFile(std::move(file));
+  if (!model.ok() && model.error().find(path) == std::string::npos) {
+    return Status::Error(path + ": " + model.error());
+  }
+  return model;
+}
+
+Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> file) {
+  std::unique_ptr<Model> m(new Model());
+  m->file_ = std::move(file);
+  KVS_ASSIGN_OR_RETURN(m->config_, ReadModelConfig(*m->file_));
+  const ModelConfig& c = m->config_;
+  ModelWeights& w = m->weights_;
+  TensorLoader load(*m->file_);
+  KVS_RETURN_IF_ERROR(load.Matrix("token_embd.weight", c.n_vocab, c.n_embd, &w.token_embd));
+  KVS_RETURN_IF_ERROR(load.Vector("output_norm.weight", c.n_embd, &w.output_norm));
+  w.output = w.token_embd;  // tied unless the file has its own output matrix
+  KVS_RETURN_IF_ERROR(load.Matrix("output.weight", c.n_vocab, c.n_embd, &w.output, /*required=*/false));
+  KVS_RETURN_IF_ERROR(load.Vector("rope_freqs.weight", c.n_rot / 2, &w.rope_freqs, false));
+  w.layers.resize(c.n_layer);
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    LayerWeights& L = w.layers[l];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_norm.weight", c.n_embd, &L.attn_norm));
+    KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_q.weight", c.q_dim(), c.n_embd, &L.wq));
+    KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_k.weight", c.k_dim(), c.n_embd, &L.wk));
+    KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_v.weight", c.v_dim(), c.n_embd, &L.wv));
+    KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_output.weight", c.n_embd, c.n_head * c.head_dim_v, &L.wo));
+    // Biases are optional for every architecture (qwen2 has them); qwen3 requires q/k norms.
+    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q.bias", c.q_dim(), &L.bq, false));
+    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k.bias", c.k_dim(), &L.bk, false));
+    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_v.bias", c.v_dim(), &L.bv, false));
+    bool qk_norm = c.arch == Arch::kQwen3;
+    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q_norm.weight", c.head_dim_k, &L.q_norm, qk_norm));
+    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k_norm.weight", c.head_dim_k, &L.k_norm, qk_norm));
+    KVS_RETURN_IF_ERROR(load.Vector(p + "ffn_norm.weight", c.n_embd, &L.ffn_norm));
+    KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd, &L.w_gate));
+    KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_up.weight", c.n_ff, c.n_embd, &L.w_up));
+    KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_down.weight", c.n_embd, c.n_ff, &L.w_down));
+  }
+  return m;
+}
+
+size_t Model::WeightBytesPerToken() const {
+  size_t bytes = weights_.token_embd.row_bytes + weights_.output.row_bytes * weights_.output.rows;
+  for (const LayerWeights& L : weights_.layers) {
+    for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      bytes += mv->row_bytes * mv->rows;
+    }
+  }
+  return bytes;
+}
+
+}  // namespace kvs

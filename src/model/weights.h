@@ -1,0 +1,56 @@
+// The model's tensors, as views into the mapped GGUF file (matrices stay in their stored
+// type) plus small f32 copies of the vectors (norms, biases), all shape-checked at load.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "gguf/gguf_reader.h"
+#include "kernels/matmul.h"
+#include "model/config.h"
+
+namespace kvs {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [n_embd]
+  MatrixView wq;                 // [q_dim][n_embd]
+  MatrixView wk;                 // [k_dim][n_embd]
+  MatrixView wv;                 // [v_dim][n_embd]
+  MatrixView wo;                 // [n_embd][n_head * head_dim_v]
+  std::vector<float> bq, bk, bv;         // qwen2 biases, empty otherwise
+  std::vector<float> q_norm, k_norm;     // qwen3 per-head norms [head_dim_k], empty otherwise
+  std::vector<float> ffn_norm;   // [n_embd]
+  MatrixView w_gate;             // [n_ff][n_embd]
+  MatrixView w_up;               // [n_ff][n_embd]
+  MatrixView w_down;             // [n_embd][n_ff]
+};
+
+struct ModelWeights {
+  MatrixView token_embd;           // [n_vocab][n_embd]
+  std::vector<float> output_norm;  // [n_embd]
+  MatrixView output;               // [n_vocab][n_embd]; the embedding when tied
+  std::vector<float> rope_freqs;   // [n_rot/2] or empty
+  std::vector<LayerWeights> layers;
+};
+
+// A loaded model: the mapped file, its config and weight views.
+class Model {
+ public:
+  static Expected<std::unique_ptr<Model>> Load(const std::string& path);
+  static Expected<std::unique_ptr<Model>> FromFile(std::unique_ptr<gguf::File> file);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  const gguf::File& file() const { return *file_; }
+  // Bytes of weights read for one decode step (every matrix once, one embedding row).
+  size_t WeightBytesPerToken() const;
+
+ private:
+  std::unique_ptr<gguf::File> file_;
+  ModelConfig config_;
+  ModelWeights weights_;
+};
+
+}  // namespace kvs
