@@ -1,1 +1,102 @@
-// placeholder
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "kernels/ops.h"
+#include "tensor/dtype.h"
+
+namespace kvs {
+namespace {
+
+Expected<int> Half(int x) {
+  if (x % 2) return Status::Error(StrFormat("%d is odd", x));
+  return x / 2;
+}
+
+Expected<int> Quarter(int x) {
+  KVS_ASSIGN_OR_RETURN(int h, Half(x));
+  return Half(h);
+}
+
+TEST(Status, PropagatesErrors) {
+  EXPECT_EQ(*Quarter(8), 2);
+  auto r = Quarter(6);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error(), "3 is odd");
+}
+
+TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (size_t n : {1u, 7u, 64u, 1000u}) {
+      for (size_t grain : {1u, 16u}) {
+        std::vector<std::atomic<int>> hits(n);
+        pool.ParallelFor(n, grain, [&](int t, size_t b, size_t e) {
+          EXPECT_LT(t, threads);
+          if (b != 0) EXPECT_EQ(b % grain, 0u);
+          for (size_t i = b; i < e; ++i) hits[i]++;
+        });
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, ManyConsecutiveJobs) {
+  ThreadPool pool(2);
+  std::atomic<long> sum{0};
+  for (int k = 0; k < 2000; ++k) {
+    pool.ParallelFor(10, 1, [&](int, size_t b, size_t e) { sum += static_cast<long>(e - b); });
+  }
+  EXPECT_EQ(sum.load(), 20000);
+}
+
+TEST(DType, InfoTable) {
+  EXPECT_EQ(Info(DType::kQ8_0).block_bytes, 34u);
+  EXPECT_EQ(Info(DType::kQ4_K).block_elems, 256u);
+  EXPECT_FALSE(GetDTypeInfo(5).has_value());  // removed Q4_2
+  EXPECT_EQ(ParseDType("Q4_0"), DType::kQ4_0);
+  EXPECT_EQ(ParseDType("bogus"), std::nullopt);
+  EXPECT_EQ(RowBytes(DType::kQ4_0, 64), 36u);
+}
+
+TEST(Ops, RmsNormMatchesDefinition) {
+  float x[4] = {1, -2, 3, -4}, w[4] = {1, 2, 1, 0.5f}, out[4];
+  RmsNorm(x, w, 4, 0, out);
+  float rms = std::sqrt((1 + 4 + 9 + 16) / 4.f);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], x[i] / rms * w[i], 1e-6);
+}
+
+TEST(Ops, RopeModesRotateTheRightPairs) {
+  RopeParams p;
+  p.n_rot = 4;
+  p.freq_base = 10000;
+  float cs[4];
+  RopeAngles(1, p, cs);
+  EXPECT_NEAR(cs[0], std::cos(1.0), 1e-6);   // pair 0: theta = pos
+  EXPECT_NEAR(cs[3], std::sin(0.01), 1e-6);  // pair 1: theta = pos * base^(-2/4)
+  float normal[4] = {1, 0, 1, 0}, neox[4] = {1, 1, 0, 0};
+  ApplyRope(normal, cs, 4, false);
+  ApplyRope(neox, cs, 4, true);
+  // Normal mode pairs (0,1) and (2,3); NeoX pairs (0,2) and (1,3): same rotations.
+  EXPECT_NEAR(normal[0], neox[0], 1e-6);
+  EXPECT_NEAR(normal[1], neox[2], 1e-6);
+  EXPECT_NEAR(normal[2], neox[1], 1e-6);
+  EXPECT_NEAR(normal[3], neox[3], 1e-6);
+  EXPECT_NEAR(normal[1], std::sin(1.0), 1e-6);
+}
+
+TEST(Ops, SoftmaxSumsToOne) {
+  float x[5] = {1000, 1001, 999, -5, 0};
+  Softmax(x, 5);
+  float s = 0;
+  for (float v : x) s += v;
+  EXPECT_NEAR(s, 1, 1e-6);
+  EXPECT_GT(x[1], x[0]);
+}
+
+}  // namespace
+}  // namespace kvs

@@ -1,1 +1,444 @@
-// placeholder
+// Weight formats and MatMul against their scalar twins.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+#include "tensor/dtype.h"
+#include "tensor/quantize.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace kvs {
+namespace {
+
+float Bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+uint32_t BitsOf(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+std::vector<float> RandomVector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// F16 / BF16 conversions
+
+TEST(F16, DecodesSpecialValues) {
+  EXPECT_EQ(F16ToF32(0x0000), 0.0f);
+  EXPECT_TRUE(std::signbit(F16ToF32(0x8000)));
+  EXPECT_EQ(F16ToF32(0x3c00), 1.0f);
+  EXPECT_EQ(F16ToF32(0xc000), -2.0f);
+  EXPECT_EQ(F16ToF32(0x7bff), 65504.0f);
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(F16ToF32(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
+  EXPECT_EQ(F16ToF32(0x0400), std::ldexp(1.0f, -14));  // smallest normal
+  EXPECT_EQ(F16ToF32(0x7c00), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(F16ToF32(0xfc00), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(F16ToF32(0x7e00)));
+  EXPECT_TRUE(std::isnan(F16ToF32(0x7c01)));
+}
+
+TEST(F16, EncodesWithRoundToNearestEven) {
+  EXPECT_EQ(F32ToF16(1.0f), 0x3c00);
+  EXPECT_EQ(F32ToF16(-0.0f), 0x8000);
+  EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);
+  EXPECT_EQ(F32ToF16(65519.0f), 0x7bff);  // below the halfway point to 65536
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);  // halfway, rounds to even = infinity
+  EXPECT_EQ(F32ToF16(1e10f), 0x7c00);
+  EXPECT_EQ(F32ToF16(-1e10f), 0xfc00);
+  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie, even stays down
+  EXPECT_EQ(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie, odd goes up
+  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)), 0x3c01);
+  // Subnormal results, including the tie at half the smallest subnormal.
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 units: tie to even
+  EXPECT_EQ(F32ToF16(std::ldexp(1023.5f, -24)), 0x0400);  // rounds up into the normals
+  EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -30)), 0x8000);
+  EXPECT_EQ(F32ToF16(std::numeric_limits<float>::infinity()), 0x7c00);
+  uint16_t nan = F32ToF16(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(nan & 0x7c00, 0x7c00);
+  EXPECT_NE(nan & 0x03ff, 0);
+  // A signalling NaN whose payload lives only in the low bits must stay a NaN.
+  EXPECT_NE(F32ToF16(Bits(0x7f800001u)) & 0x03ff, 0);
+}
+
+TEST(F16, EveryHalfRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = F16ToF32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(F16ToF32(F32ToF16(f)))) << h;
+    } else {
+      ASSERT_EQ(F32ToF16(f), h) << h;
+    }
+  }
+}
+
+#if defined(__F16C__)
+TEST(F16, MatchesHardwareConversion) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 1 << 20; ++i) {
+    // Random bit patterns over all exponents, and values dense around the half range.
+    float f = (i & 1) ? Bits(rng()) : std::ldexp(static_cast<float>(rng() % (1u << 24)),
+                                                 static_cast<int>(rng() % 48) - 64);
+    if (std::isnan(f)) continue;
+    uint16_t hw = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+    ASSERT_EQ(F32ToF16(f), hw) << std::hexfloat << f;
+    ASSERT_EQ(BitsOf(F16ToF32(hw)), BitsOf(_cvtsh_ss(hw))) << hw;
+  }
+}
+#endif
+
+TEST(BF16, ConvertsWithRoundToNearestEven) {
+  EXPECT_EQ(F32ToBF16(1.0f), 0x3f80);
+  EXPECT_EQ(BF16ToF32(0x3f80), 1.0f);
+  EXPECT_EQ(F32ToBF16(-2.0f), 0xc000);
+  EXPECT_EQ(F32ToBF16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);      // tie, even stays down
+  EXPECT_EQ(F32ToBF16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);  // tie, odd goes up
+  EXPECT_EQ(F32ToBF16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);
+  EXPECT_EQ(F32ToBF16(std::numeric_limits<float>::max()), 0x7f80);  // rounds to infinity
+  EXPECT_EQ(F32ToBF16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(F32ToBF16(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(F32ToBF16(-0.0f), 0x8000);
+  // Subnormals keep their bits (bf16 has the f32 exponent range).
+  EXPECT_EQ(F32ToBF16(Bits(0x00010000u)), 0x0001);
+  EXPECT_EQ(BF16ToF32(0x0001), Bits(0x00010000u));
+  EXPECT_EQ(F32ToBF16(Bits(0x00008000u)), 0x0000);  // tie to even
+  EXPECT_EQ(F32ToBF16(Bits(0x00018000u)), 0x0002);
+  // NaNs stay NaN even when the payload is only in the dropped bits.
+  EXPECT_TRUE(std::isnan(BF16ToF32(F32ToBF16(Bits(0x7f800001u)))));
+  EXPECT_TRUE(std::isnan(BF16ToF32(F32ToBF16(std::numeric_limits<float>::quiet_NaN()))));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = BF16ToF32(static_cast<uint16_t>(h));
+    if (!std::isnan(f)) {
+      ASSERT_EQ(F32ToBF16(f), h) << h;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row quantization
+
+std::vector<float> RoundTrip(DType t, const std::vector<float>& x) {
+  std::vector<uint8_t> q(RowBytes(t, x.size()));
+  QuantizeRow(t, x.data(), q.data(), static_cast<int64_t>(x.size()));
+  std::vector<float> y(x.size());
+  DequantizeRow(t, q.data(), y.data(), static_cast<int64_t>(x.size()));
+  return y;
+}
+
+TEST(Quantize, FloatTypesRoundTripWithinTheirPrecision) {
+  std::vector<float> x = RandomVector(4096, 1, 3.0f);
+  EXPECT_EQ(RoundTrip(DType::kF32, x), x);
+  std::vector<float> h = RoundTrip(DType::kF16, x), b = RoundTrip(DType::kBF16, x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    // Half a unit in the last place; f16 subnormals (below 2^-14) have a fixed absolute step.
+    EXPECT_LE(std::fabs(h[i] - x[i]), std::max(std::fabs(x[i]) * 0x1p-11f, 0x1p-25f)) << i;
+    EXPECT_LE(std::fabs(b[i] - x[i]), std::fabs(x[i]) * 0x1p-8f) << i;
+  }
+}
+
+TEST(Quantize, Q8_0KnownBlock) {
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16) * 4.0f;  // -64 .. 60
+  x[5] = 127.0f;                                                          // amax -> d = 1
+  x[6] = 2.5f;                                                            // ties go away
+  x[7] = -2.5f;
+  BlockQ8_0 b;
+  QuantizeRow(DType::kQ8_0, x.data(), &b, 32);
+  EXPECT_EQ(F16ToF32(b.d), 1.0f);
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(b.qs[j], static_cast<int8_t>(std::round(x[j]))) << j;
+  }
+  EXPECT_EQ(b.qs[6], 3);
+  EXPECT_EQ(b.qs[7], -3);
+}
+
+TEST(Quantize, Q4_0KnownBlock) {
+  // The largest magnitude is negative: d = -16 / -8 = 2 and it maps to code 0.
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>((j % 15) - 7) * 2.0f;  // -14 .. 14
+  x[3] = -16.0f;
+  x[20] = 15.0f;  // 7.5 units: rounds half up to 16 -> clamped to 15
+  BlockQ4_0 b;
+  QuantizeRow(DType::kQ4_0, x.data(), &b, 32);
+  EXPECT_EQ(F16ToF32(b.d), 2.0f);
+  EXPECT_EQ(b.qs[3] & 0x0f, 0);
+  EXPECT_EQ(b.qs[4] >> 4, 15);  // value 20 is the high nibble of byte 4
+  for (int j = 0; j < 32; ++j) {
+    int code = j < 16 ? (b.qs[j] & 0x0f) : (b.qs[j - 16] >> 4);
+    int want = std::min(15, static_cast<int>(x[j] / 2.0f + 8.5f));
+    EXPECT_EQ(code, want) << j;
+  }
+  // A positive extreme gives a negative scale, and keeps the sign right on the way back.
+  for (float& v : x) v = -v;
+  std::vector<float> y = RoundTrip(DType::kQ4_0, x);
+  EXPECT_EQ(y[3], 16.0f);
+  EXPECT_EQ(y[0], x[0]);
+}
+
+TEST(Quantize, ZeroBlocksStayZero) {
+  std::vector<float> x(64, 0.0f);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    std::vector<float> y = RoundTrip(t, x);
+    for (float v : y) EXPECT_EQ(v, 0.0f);
+  }
+  BlockQ4_0 b;
+  QuantizeRow(DType::kQ4_0, x.data(), &b, 32);
+  EXPECT_EQ(F16ToF32(b.d), 0.0f);  // -0: the scale is max / -8
+  for (uint8_t q : b.qs) EXPECT_EQ(q, 0x88);
+}
+
+TEST(Quantize, BlockTypesRoundTripWithinHalfAStep) {
+  // Blocks of very different magnitudes, including one far below the rest.
+  std::vector<float> x = RandomVector(32 * 64, 2);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i / 32 % 9) - 4);
+  for (size_t i = 32 * 7; i < 32 * 8; ++i) x[i] *= 1e-3f;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    SCOPED_TRACE(std::string(DTypeName(t)));
+    std::vector<float> y = RoundTrip(t, x);
+    for (size_t b = 0; b < x.size() / 32; ++b) {
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+      // Half a step, plus |q| times the error of the scale's f16 rounding (large where the
+      // scale is an f16 subnormal). Q4_0 clamps the far side of its extreme to 7 steps, so its
+      // worst case is a whole step.
+      const bool q8 = t == DType::kQ8_0;
+      const float step = q8 ? amax / 127.0f : amax / 8.0f;
+      const float scale_err = std::fabs(F16ToF32(F32ToF16(step)) - step);
+      const float bound = q8 ? step * 0.5f + 127 * scale_err : step + 8 * scale_err;
+      double sum_err = 0.0;
+      for (int j = 0; j < 32; ++j) {
+        float err = std::fabs(y[b * 32 + j] - x[b * 32 + j]);
+        ASSERT_LE(err, bound) << "block " << b << " value " << j;
+        sum_err += err;
+      }
+      // Most values are interior and round to within half a step.
+      EXPECT_LE(sum_err / 32, 0.35 * step + (q8 ? 64 : 4) * scale_err) << "block " << b;
+    }
+  }
+}
+
+TEST(Quantize, MatrixQuantizesEachRow) {
+  const int64_t rows = 3, cols = 96;
+  std::vector<float> x = RandomVector(rows * cols, 3);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+    std::vector<uint8_t> m = QuantizeMatrix(t, x.data(), rows, cols);
+    const size_t rb = RowBytes(t, cols);
+    ASSERT_EQ(m.size(), rb * rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<uint8_t> row(rb);
+      QuantizeRow(t, x.data() + r * cols, row.data(), cols);
+      EXPECT_EQ(0, std::memcmp(row.data(), m.data() + r * rb, rb)) << DTypeName(t) << " row " << r;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MatMul
+
+const DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+
+bool IsBlockType(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+
+struct TestMatrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;  // dequantized: what MatMul is meant to multiply by
+  MatrixView view;
+};
+
+// Rows get scales over four decades so that per-row (and per-block) scaling is exercised.
+// row_bytes may exceed the packed size to check that kernels honour the stride.
+TestMatrix MakeMatrix(DType t, int64_t rows, int64_t cols, uint32_t seed, size_t pad = 0) {
+  std::vector<float> w = RandomVector(static_cast<size_t>(rows * cols), seed);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) w[r * cols + c] *= std::pow(10.0f, (r % 5) - 2.0f);
+  TestMatrix m;
+  const size_t packed = RowBytes(t, static_cast<size_t>(cols));
+  m.view = MatrixView{t, nullptr, rows, cols, packed + pad};
+  m.bytes.assign(m.view.row_bytes * rows, 0xab);
+  m.values.resize(w.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* dst = m.bytes.data() + r * m.view.row_bytes;
+    QuantizeRow(t, w.data() + r * cols, dst, cols);
+    DequantizeRow(t, dst, m.values.data() + r * cols, cols);
+  }
+  m.view.data = m.bytes.data();
+  return m;
+}
+
+std::vector<float> Activations(int64_t n_tokens, int64_t cols, uint32_t seed) {
+  std::vector<float> x = RandomVector(static_cast<size_t>(n_tokens * cols), seed);
+  // A few large outliers per token, as real activations have; they set the block scales.
+  for (int64_t t = 0; t < n_tokens; ++t) x[t * cols + (t * 7) % cols] *= 20.0f;
+  return x;
+}
+
+// Checks out against ref for each (token, row). Float weights: f32 accumulation error only,
+// relative to sum |w||x|. Block weights: the activations are rounded to Q8_0 first, which moves
+// each x by at most 0.57 of its block's step (see BlockTypesRoundTripWithinHalfAStep), so the
+// bound sums that over the row's blocks.
+void ExpectClose(const TestMatrix& m, const std::vector<float>& x, int64_t n_tokens,
+                 const std::vector<float>& out, const std::vector<float>& ref, bool x_quantized) {
+  const int64_t rows = m.view.rows, cols = m.view.cols;
+  const bool blocks = IsBlockType(m.view.type) && !x_quantized;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* xt = x.data() + t * cols;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* wr = m.values.data() + r * cols;
+      double mag = 0.0, act_err = 0.0;
+      for (int64_t b = 0; b < cols; b += 32) {
+        double wsum = 0.0, amax = 0.0;
+        for (int64_t c = b; c < std::min(cols, b + 32); ++c) {
+          mag += std::fabs(static_cast<double>(wr[c]) * xt[c]);
+          wsum += std::fabs(wr[c]);
+          amax = std::max(amax, static_cast<double>(std::fabs(xt[c])));
+        }
+        act_err += wsum * amax / 127.0 * (0.5 + 127 * 0x1p-11);
+      }
+      const double tol = 5e-6 * mag + (blocks ? act_err : 0.0) + 1e-30;
+      const size_t i = static_cast<size_t>(t * rows + r);
+      ASSERT_NEAR(out[i], ref[i], tol) << "token " << t << " row " << r << " (|w||x| = " << mag << ")";
+    }
+  }
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+void CheckShapes(DType t, const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens) {
+  ThreadPool pool1(1), pool2(2);
+  uint32_t seed = 100;
+  for (Shape s : shapes) {
+    TestMatrix m = MakeMatrix(t, s.rows, s.cols, ++seed);
+    for (int64_t n : tokens) {
+      SCOPED_TRACE(std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.cols) + " tokens " + std::to_string(n));
+      std::vector<float> x = Activations(n, s.cols, ++seed);
+      std::vector<float> ref(static_cast<size_t>(n * s.rows)), out1(ref.size(), NAN),
+          out2(ref.size(), NAN);
+      MatMulReference(m.view, x.data(), n, ref.data());
+      MatMul(m.view, x.data(), n, out1.data(), pool1);
+      MatMul(m.view, x.data(), n, out2.data(), pool2);
+      ExpectClose(m, x, n, out1, ref, /*x_quantized=*/false);
+      // Each output is computed the same way whichever thread or tile it lands in.
+      ASSERT_EQ(0, std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(float)));
+    }
+  }
+}
+
+TEST(MatMul, BlockTypesMatchReference) {
+  // Rows that are not multiples of the register tile (4) or the thread grain (16); cols with an
+  // odd number of blocks (the kernels work on block pairs).
+  const std::vector<Shape> shapes = {{1, 32},  {7, 32},  {5, 64},   {17, 96},
+                                     {33, 160}, {64, 256}, {3, 4128}, {18, 4096}};
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) CheckShapes(t, shapes, {1, 3, 8, 17});
+}
+
+TEST(MatMul, FloatTypesMatchReference) {
+  // Columns that leave every possible remainder class of a 16-lane vector.
+  const std::vector<Shape> shapes = {{1, 1},   {7, 15},  {5, 16},  {17, 17}, {33, 33},
+                                     {9, 96},  {2, 100}, {64, 31}, {3, 4100}, {18, 4096}};
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) CheckShapes(t, shapes, {1, 3, 8, 17});
+}
+
+TEST(MatMul, LargeMatrices) {
+  for (DType t : kAllTypes) CheckShapes(t, {{1000, 2048}}, {1, 17});
+}
+
+// With the activations rounded to Q8_0 beforehand, the integer kernels have nothing left to
+// approximate: what remains is f32 rounding of scales and sums.
+TEST(MatMul, BlockTypesAreExactOnQ8_0Activations) {
+  ThreadPool pool(2);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (Shape s : std::vector<Shape>{{13, 32}, {21, 96}, {40, 2048}}) {
+      SCOPED_TRACE(std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.cols));
+      const int64_t n = 5;
+      TestMatrix m = MakeMatrix(t, s.rows, s.cols, 7);
+      std::vector<float> x = Activations(n, s.cols, 8);
+      // Include exact rounding ties: they must go the same way in both quantizers.
+      x[0] = 127.0f;
+      x[1] = 2.5f;
+      x[2] = -0.5f;
+      std::vector<float> xq = RoundTrip(DType::kQ8_0, x);
+      std::vector<float> ref(static_cast<size_t>(n * s.rows)), out(ref.size());
+      MatMulReference(m.view, xq.data(), n, ref.data());
+      MatMul(m.view, x.data(), n, out.data(), pool);
+      ExpectClose(m, xq, n, out, ref, /*x_quantized=*/true);
+    }
+  }
+}
+
+TEST(MatMul, BatchedEqualsOneTokenAtATime) {
+  ThreadPool pool(2);
+  const int64_t rows = 37, cols = 160, n = 11;
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(std::string(DTypeName(t)));
+    TestMatrix m = MakeMatrix(t, rows, cols, 9);
+    std::vector<float> x = Activations(n, cols, 10);
+    std::vector<float> batched(static_cast<size_t>(n * rows)), single(batched.size());
+    MatMul(m.view, x.data(), n, batched.data(), pool);
+    for (int64_t i = 0; i < n; ++i) MatMul(m.view, x.data() + i * cols, 1, single.data() + i * rows, pool);
+    EXPECT_EQ(0, std::memcmp(batched.data(), single.data(), batched.size() * sizeof(float)));
+  }
+}
+
+TEST(MatMul, HonoursRowStride) {
+  ThreadPool pool(2);
+  const int64_t rows = 19, cols = 96, n = 3;
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(std::string(DTypeName(t)));
+    TestMatrix packed = MakeMatrix(t, rows, cols, 11);
+    TestMatrix padded = MakeMatrix(t, rows, cols, 11, /*pad=*/40);
+    std::vector<float> x = Activations(n, cols, 12);
+    std::vector<float> a(static_cast<size_t>(n * rows)), b(a.size());
+    MatMul(packed.view, x.data(), n, a.data(), pool);
+    MatMul(padded.view, x.data(), n, b.data(), pool);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  }
+}
+
+TEST(MatMul, ZeroInputsGiveExactZeros) {
+  ThreadPool pool(1);
+  const int64_t rows = 6, cols = 64, n = 2;
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(std::string(DTypeName(t)));
+    std::vector<float> zeros(static_cast<size_t>(rows * cols), 0.0f);
+    std::vector<uint8_t> wz = QuantizeMatrix(t, zeros.data(), rows, cols);
+    TestMatrix m = MakeMatrix(t, rows, cols, 13);
+    std::vector<float> x = Activations(n, cols, 14), xz(x.size(), 0.0f);
+    std::vector<float> out(static_cast<size_t>(n * rows), NAN);
+    MatMul(MatrixView{t, wz.data(), rows, cols, RowBytes(t, cols)}, x.data(), n, out.data(), pool);
+    for (float v : out) EXPECT_EQ(v, 0.0f);
+    std::fill(out.begin(), out.end(), NAN);
+    MatMul(m.view, xz.data(), n, out.data(), pool);
+    for (float v : out) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace kvs

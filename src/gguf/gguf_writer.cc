@@ -79,6 +79,12 @@ void Writer::Set(std::string key, Value value) {
 
 void Writer::AddTensor(std::string name, std::vector<uint64_t> dims, DType type,
                        std::vector<uint8_t> bytes) {
+  for (auto& t : tensors_) {
+    if (t.name == name) {
+      t = {std::move(name), std::move(dims), type, std::move(bytes)};
+      return;
+    }
+  }
   tensors_.push_back({std::move(name), std::move(dims), type, std::move(bytes)});
 }
 

@@ -18,7 +18,8 @@ class Writer {
   explicit Writer(uint64_t alignment = 32) : alignment_(alignment) {}
 
   void Set(std::string key, Value value);
-  // dims in GGML order (dims[0] = row length); bytes must match the type's size.
+  // dims in GGML order (dims[0] = row length); bytes must match the type's size. A tensor
+  // of the same name is replaced.
   void AddTensor(std::string name, std::vector<uint64_t> dims, DType type,
                  std::vector<uint8_t> bytes);
   // Convenience: stores F32 values converted to `type` (f32, f16, bf16, q8_0, q4_0).

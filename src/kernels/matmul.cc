@@ -1,1 +1,109 @@
-// placeholder
+#include "kernels/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/check.h"
+#include "kernels/matmul_internal.h"
+#include "tensor/quantize.h"
+
+namespace kvs {
+namespace {
+
+using matmul_internal::ActPair;
+
+// Thread boundaries fall on multiples of 16 rows so that, per token, no two threads write the
+// same 64-byte line of `out`.
+constexpr size_t kRowGrain = 16;
+
+// During prefill a thread walks its rows in blocks whose weights fit in L2, and runs every
+// token through a block before moving on: each weight byte then comes from memory once per
+// call instead of once per token tile.
+constexpr size_t kBlockBytes = 192 * 1024;
+
+// Scratch for quantized activations, kept per calling thread so that decode, which calls
+// MatMul several times per layer, does not allocate.
+ActPair* ActScratch(size_t n_pairs) {
+  thread_local AlignedPtr<ActPair> buffer;
+  thread_local size_t capacity = 0;
+  if (n_pairs > capacity) {
+    buffer = AllocateAligned<ActPair>(n_pairs);
+    capacity = n_pairs;
+  }
+  return buffer.get();
+}
+
+// Runs kernel(r0, r1, t0, t1) over all rows and tokens, rows split over the pool.
+template <class Kernel>
+void ForRowBlocks(const MatrixView& w, int64_t n_tokens, ThreadPool& pool, const Kernel& kernel) {
+  const int64_t block_rows =
+      std::max<int64_t>(kRowGrain, static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
+                                       static_cast<int64_t>(kRowGrain) * static_cast<int64_t>(kRowGrain));
+  pool.ParallelFor(static_cast<size_t>(w.rows), kRowGrain, [&](int, size_t begin, size_t end) {
+    for (int64_t r = static_cast<int64_t>(begin); r < static_cast<int64_t>(end); r += block_rows) {
+      kernel(r, std::min<int64_t>(r + block_rows, static_cast<int64_t>(end)), 0, n_tokens);
+    }
+  });
+}
+
+}  // namespace
+
+void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, ThreadPool& pool) {
+  if (w.rows == 0 || n_tokens == 0) return;
+  KVS_CHECK(w.row_bytes >= RowBytes(w.type, static_cast<size_t>(w.cols)));
+  switch (w.type) {
+    case DType::kQ8_0:
+    case DType::kQ4_0: {
+      KVS_CHECK(w.cols % 32 == 0);
+      const bool q8 = w.type == DType::kQ8_0;
+      const int32_t code_offset =
+          q8 ? matmul_internal::kCodeOffsetQ8_0 : matmul_internal::kCodeOffsetQ4_0;
+      const int64_t n_pairs = (w.cols / 32 + 1) / 2;
+      ActPair* acts = ActScratch(static_cast<size_t>(n_tokens * n_pairs));
+      auto quantize = [&](int, size_t begin, size_t end) {
+        for (size_t t = begin; t < end; ++t) {
+          matmul_internal::QuantizeActivations(x + t * w.cols, w.cols, code_offset,
+                                               acts + t * n_pairs);
+        }
+      };
+      // One token quantizes in well under a microsecond per 4k values; waking the pool for it
+      // would cost more than it saves.
+      if (n_tokens >= 8) {
+        pool.ParallelFor(static_cast<size_t>(n_tokens), 1, quantize);
+      } else {
+        quantize(0, 0, static_cast<size_t>(n_tokens));
+      }
+      const matmul_internal::QuantizedActs a{acts, n_pairs};
+      auto* rows_fn = q8 ? matmul_internal::MatMulRowsQ8_0 : matmul_internal::MatMulRowsQ4_0;
+      ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        rows_fn(w, r0, r1, a, t0, t1, out, w.rows);
+      });
+      return;
+    }
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        matmul_internal::MatMulRowsFloat(w, r0, r1, x, t0, t1, out, w.rows);
+      });
+      return;
+    default:
+      KVS_CHECK(false && "MatMul: unsupported weight type");
+  }
+}
+
+void MatMulReference(const MatrixView& w, const float* x, int64_t n_tokens, float* out) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantizeRow(w.type, w.row(r), row.data(), w.cols);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* xt = x + t * w.cols;
+      double sum = 0.0;
+      for (int64_t c = 0; c < w.cols; ++c) sum += static_cast<double>(row[c]) * xt[c];
+      out[t * w.rows + r] = static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace kvs

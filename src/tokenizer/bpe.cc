@@ -1,1 +1,201 @@
-// placeholder
+#include "tokenizer/bpe.h"
+
+#include <queue>
+
+#include "tokenizer/unicode.h"
+
+namespace kvs {
+namespace {
+
+struct Symbol {
+  int32_t prev;
+  int32_t next;
+  uint32_t start;  // byte offset into the encoded word
+  uint32_t len;    // 0 once merged into its left neighbour
+};
+
+struct Bigram {
+  int32_t rank;
+  int32_t left;
+  int32_t right;
+  uint32_t len;  // of the merged text; a stale entry no longer matches its symbols' lengths
+};
+
+// Lowest rank first; among equal ranks (the same merge twice) the leftmost.
+struct BigramOrder {
+  bool operator()(const Bigram& a, const Bigram& b) const {
+    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+  }
+};
+
+// Byte-level token text -> the bytes it stands for. Code points outside GPT-2's mapping
+// (which a well-formed vocab does not have) are kept as their UTF-8.
+std::string DecodeByteLevel(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t start = pos;
+    const uint32_t cp = unicode::DecodeUtf8(text, &pos);
+    const int byte = unicode::CodepointToByte(cp);
+    if (byte >= 0) {
+      out.push_back(static_cast<char>(byte));
+    } else {
+      out.append(text.substr(start, pos - start));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Tokenizer>> BpeTokenizer::Create(VocabData data) {
+  const std::optional<PreTokenizerConfig> pre = LookupPreTokenizer(data.pre);
+  if (!pre) {
+    return Status::Error(
+        StrFormat("unsupported pre-tokenizer '%s' (tokenizer.ggml.pre)", data.pre.c_str()));
+  }
+  if (data.merges.empty()) {
+    return Status::Error("tokenizer.ggml.merges is missing (needed by the gpt2 tokenizer)");
+  }
+  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
+  tok->pre_ = *pre;
+  tok->merges_ = std::move(data.merges);
+  tok->merge_rank_.reserve(tok->merges_.size());
+  for (size_t i = 0; i < tok->merges_.size(); ++i) {
+    const std::string& m = tok->merges_[i];
+    const size_t space = m.find(' ', 1);
+    if (space == std::string::npos || space + 1 >= m.size()) {
+      return Status::Error(
+          StrFormat("tokenizer.ggml.merges[%zu] is not two tokens separated by a space", i));
+    }
+    tok->merge_rank_.emplace(m, static_cast<int32_t>(i));  // a repeated merge keeps its first rank
+  }
+  KVS_RETURN_IF_ERROR(
+      tok->InitVocab(&data, /*add_bos_default=*/pre->add_bos, /*add_eos_default=*/false));
+
+  tok->pieces_.resize(tok->n_vocab_);
+  for (int32_t id = 0; id < tok->n_vocab_; ++id) {
+    const std::string& text = tok->tokens_[id];
+    switch (tok->types_[id]) {
+      case TokenType::kNormal:
+        tok->pieces_[id] = DecodeByteLevel(text);
+        break;
+      case TokenType::kUserDefined:
+        tok->pieces_[id] = text;
+        break;
+      case TokenType::kByte: {
+        const int byte = ParseByteToken(text);
+        tok->pieces_[id] = byte >= 0 ? std::string(1, static_cast<char>(byte)) : text;
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return std::unique_ptr<Tokenizer>(std::move(tok));
+}
+
+int32_t BpeTokenizer::MergeRank(std::string_view left, std::string_view right,
+                                std::string* scratch) const {
+  scratch->assign(left);
+  scratch->push_back(' ');
+  scratch->append(right);
+  auto it = merge_rank_.find(*scratch);
+  return it == merge_rank_.end() ? -1 : it->second;
+}
+
+std::vector<int32_t> BpeTokenizer::Encode(std::string_view text, bool add_special,
+                                          bool parse_special) const {
+  std::vector<int32_t> out;
+  if (add_special && add_bos_) out.push_back(bos_id_);
+  std::vector<Fragment> fragments;
+  specials_.Split(text, parse_special, &fragments);
+  std::vector<std::string_view> words;
+  std::string encoded;
+  for (const Fragment& f : fragments) {
+    if (f.token >= 0) {
+      out.push_back(f.token);
+      continue;
+    }
+    PreTokenize(pre_.kind, f.text, &words);
+    for (std::string_view word : words) {
+      encoded.clear();
+      for (char c : word) encoded.append(unicode::ByteToUtf8(static_cast<uint8_t>(c)));
+      EncodeWord(encoded, &out);
+    }
+  }
+  if (add_special && add_eos_) out.push_back(eos_id_);
+  return out;
+}
+
+void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) const {
+  if (word.empty()) return;
+  if (pre_.ignore_merges) {
+    const int32_t id = TokenId(word);
+    if (id >= 0) {
+      out->push_back(id);
+      return;
+    }
+  }
+  std::vector<Symbol> symbols;
+  symbols.reserve(word.size());
+  for (size_t pos = 0; pos < word.size();) {
+    const size_t len =
+        std::min(unicode::Utf8SeqLen(static_cast<uint8_t>(word[pos])), word.size() - pos);
+    const auto index = static_cast<int32_t>(symbols.size());
+    symbols.push_back(
+        Symbol{index - 1, index + 1, static_cast<uint32_t>(pos), static_cast<uint32_t>(len)});
+    pos += len;
+  }
+  symbols.back().next = -1;
+
+  std::string scratch;
+  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;
+  auto try_add = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const Symbol& l = symbols[left];
+    const Symbol& r = symbols[right];
+    const int32_t rank =
+        MergeRank(word.substr(l.start, l.len), word.substr(r.start, r.len), &scratch);
+    if (rank >= 0) queue.push(Bigram{rank, left, right, l.len + r.len});
+  };
+  for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) try_add(i - 1, i);
+
+  while (!queue.empty()) {
+    const Bigram b = queue.top();
+    queue.pop();
+    Symbol& left = symbols[b.left];
+    Symbol& right = symbols[b.right];
+    if (left.len == 0 || right.len == 0 || left.len + right.len != b.len) continue;
+    left.len += right.len;
+    right.len = 0;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = b.left;
+    try_add(left.prev, b.left);
+    try_add(b.left, left.next);
+  }
+
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) {
+    const std::string_view piece = word.substr(symbols[i].start, symbols[i].len);
+    const int32_t id = TokenId(piece);
+    if (id >= 0) {
+      out->push_back(id);
+      continue;
+    }
+    // A merge produced text that is not a token (an inconsistent vocab): fall back to
+    // the tokens of its single characters, which byte-level vocabs always have.
+    for (size_t pos = 0; pos < piece.size();) {
+      const size_t len =
+          std::min(unicode::Utf8SeqLen(static_cast<uint8_t>(piece[pos])), piece.size() - pos);
+      const int32_t char_id = TokenId(piece.substr(pos, len));
+      if (char_id >= 0) {
+        out->push_back(char_id);
+      } else if (unk_id_ >= 0) {
+        out->push_back(unk_id_);
+      }
+      pos += len;
+    }
+  }
+}
+
+}  // namespace kvs

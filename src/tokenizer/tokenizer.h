@@ -45,8 +45,11 @@ class Tokenizer {
   int32_t eos_id_ = -1;
   bool add_bos_ = false;
   bool add_eos_ = false;
-  std::vector<int32_t> eog_ids_;
+  std::vector<int32_t> eog_ids_;  // sorted
   std::vector<std::string> tokens_;
+  // Decode drops the first piece's leading space: the one SentencePiece's add_space_prefix
+  // put there.
+  bool strip_leading_space_ = false;
 };
 
 // Turns a stream of token ids into text without ever emitting half a UTF-8 character.

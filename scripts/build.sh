@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Configures and builds one flavour of kvserve.  usage: build.sh [release|asan]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+flavour=${1:-release}
+case "$flavour" in
+  release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSERVE_SANITIZE=ON) ;;
+  *) echo "usage: build.sh [release|asan]" >&2; exit 2 ;;
+esac
+jobs=${KVSERVE_BUILD_JOBS:-$(nproc)}
+[ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
+cmake --build "$dir" -j "$jobs"

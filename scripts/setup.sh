@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what kvserve needs to build and test on Debian 12 (idempotent; skips apt when
+# everything is already there). Run as root or with sudo available.
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build git curl ca-certificates python3
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
+      libcpp-httplib-dev libxxhash-dev libzstd-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,52 @@
+// Pieces of MatMul shared between matmul.cc and the per-format kernel files. Not a public
+// interface: only the kernels include it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/matmul.h"
+
+namespace kvs::matmul_internal {
+
+// Activations quantized to Q8_0 for the integer kernels, laid out for 512-bit registers: one
+// ActPair holds two consecutive 32-value blocks with each block's scale and bias repeated over
+// the eight int32 lanes that a dpbusd over the pair produces for that block. Expanding these once
+// per token saves building them again for every weight row.
+struct alignas(64) ActPair {
+  int8_t qs[64];
+  float scale[16];   // block scale (rounded to f16, as in a stored Q8_0 block) per lane
+  int32_t bias[16];  // -offset * (sum of the lane's four qs); see below
+};
+static_assert(sizeof(ActPair) == 192);
+
+// Weight codes enter dpbusd as unsigned bytes: Q4_0 nibbles as stored (code = value + 8),
+// Q8_0 values xor 0x80 (code = value + 128). Starting each lane at -offset times the sum of its
+// own four activations cancels the offset exactly per lane, so every lane holds the true partial
+// dot product and the f32 accumulation rounds no more than it would without the offset.
+inline constexpr int32_t kCodeOffsetQ8_0 = 128;
+inline constexpr int32_t kCodeOffsetQ4_0 = 8;
+
+// Quantized activations of n_tokens tokens; token t starts at pairs + t * n_pairs.
+struct QuantizedActs {
+  const ActPair* pairs = nullptr;
+  int64_t n_pairs = 0;  // ceil(blocks / 2); an odd last block leaves zeros in the second half
+  const ActPair* token(int64_t t) const { return pairs + t * n_pairs; }
+};
+
+// Quantizes one token's cols values (a multiple of 32) into n_pairs ActPairs. The block codes
+// and scales are exactly those of QuantizeRow(kQ8_0), so a test can reproduce them.
+void QuantizeActivations(const float* x, int64_t cols, int32_t code_offset, ActPair* dst);
+
+// Tile kernels: out[t * out_stride + r] for rows [r0, r1) and tokens [t0, t1). Each (row, token)
+// dot product is computed in the same order whatever the tiling, so results do not depend on
+// the thread split or on how many tokens share a call.
+void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,
+                    int64_t t0, int64_t t1, float* out, int64_t out_stride);
+void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,
+                    int64_t t0, int64_t t1, float* out, int64_t out_stride);
+// x is [tokens][w.cols] f32.
+void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,
+                     int64_t t1, float* out, int64_t out_stride);
+
+}  // namespace kvs::matmul_internal

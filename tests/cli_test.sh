@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# End-to-end checks of the kvserve binary: exit codes, one-line errors on bad input, and
+# the golden story. Run by ctest with KVSERVE_BIN set; exits 77 (skipped) without models.
+set -u
+BIN=${KVSERVE_BIN:?set KVSERVE_BIN}
+HERE=$(cd "$(dirname "$0")" && pwd)
+MODELS=${KVSERVE_TEST_MODELS:-$HERE/../../shared/models}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+pass() { echo "ok   - $1"; }
+fail() { echo "FAIL - $1"; failures=$((failures + 1)); }
+
+# expect_error NAME FRAGMENT CMD...: non-zero exit, stderr mentions FRAGMENT, no crash.
+expect_error() {
+  local name=$1 fragment=$2; shift 2
+  "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  if [ $rc -eq 0 ]; then fail "$name: exit 0"; return; fi
+  if [ $rc -ge 128 ]; then fail "$name: crashed (exit $rc)"; return; fi
+  if ! grep -q -- "$fragment" "$TMP/err"; then fail "$name: stderr lacks '$fragment': $(head -3 "$TMP/err")"; return; fi
+  pass "$name"
+}
+
+expect_error "no subcommand" "subcommand" "$BIN"
+expect_error "missing model file" "cannot open" "$BIN" generate -m "$TMP/nope.gguf"
+{ printf 'GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\x7f'; head -c 64 /dev/zero; } >"$TMP/huge-count.gguf"
+expect_error "absurd tensor count" "tensor count" "$BIN" generate -m "$TMP/huge-count.gguf"
+head -c 5000 /dev/urandom >"$TMP/random.gguf"
+expect_error "random bytes" "not a GGUF file" "$BIN" inspect "$TMP/random.gguf"
+expect_error "bad -n" "n-predict" "$BIN" generate -n abc
+
+if [ ! -f "$MODELS/stories260K.gguf" ]; then
+  echo "skipping model checks: $MODELS/stories260K.gguf not found (set KVSERVE_TEST_MODELS)"
+  [ $failures -eq 0 ] && exit 77 || exit 1
+fi
+S="$MODELS/stories260K.gguf"
+expect_error "GGUF v1" "GGUF version 1 is not supported" "$BIN" generate -m "$MODELS/legacy-gguf-v1/tinyllamas-stories-260k-f32.gguf"
+head -c 20000 "$S" >"$TMP/truncated.gguf"
+expect_error "truncated model" "truncated file" "$BIN" generate -m "$TMP/truncated.gguf"
+expect_error "negative temperature" "temperature" "$BIN" generate -m "$S" --temp -1 -n 4
+expect_error "perplexity on too little text" "needs at least" "$BIN" perplexity -m "$S" -f /dev/null -c 64
+expect_error "vocab-only model cannot generate" "missing tensor" "$BIN" generate -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf"
+
+# Golden: greedy from BOS reproduces the reference story (first 200 ids at least).
+"$BIN" generate -m "$S" -n 256 --temp 0 --show-ids -t 2 >"$TMP/story" 2>"$TMP/stats"
+want=$(sed -n '/^ids:/{n;p}' "$MODELS/stories260K.greedy256.expected.txt" | cut -d' ' -f1-200)
+got=$(grep '^ids:' "$TMP/stats" | sed 's/^ids: //' | cut -d' ' -f1-200)
+if [ "$want" = "$got" ]; then pass "golden greedy ids (200)"; else fail "golden greedy ids differ"; fi
+if head -c 60 "$TMP/story" | grep -q "^Once upon a time, there was a little girl named Lily"; then
+  pass "golden story text"; else fail "story text: $(head -c 80 "$TMP/story")"; fi
+grep -q "tokens/s" "$TMP/stats" && pass "speed on stderr" || fail "no speed report"
+
+# tokenize
+out=$("$BIN" tokenize -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf" -p "Hello world" --no-bos)
+[ "$out" = "15043 3186" ] && pass "tokenize --no-bos" || fail "tokenize --no-bos gave '$out'"
+out=$("$BIN" tokenize -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf" -p "Hello world")
+[ "$out" = "1 15043 3186" ] && pass "tokenize adds BOS" || fail "tokenize gave '$out'"
+
+# inspect
+"$BIN" inspect "$S" >"$TMP/inspect" 2>&1 && grep -q "llama.embedding_length" "$TMP/inspect" &&
+  grep -q "KV cache per token" "$TMP/inspect" && pass "inspect" || fail "inspect"
+
+# perplexity --json on the golden text
+sed -n '/^text:/,$p' "$MODELS/stories260K.greedy256.expected.txt" | tail -n +2 >"$TMP/text.txt"
+out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --json -t 2 2>/dev/null)
+if echo "$out" | grep -q '"ppl"' && echo "$out" | grep -q '"n_chunks"' && echo "$out" | grep -q '"n_tokens"'; then
+  pass "perplexity --json ($out)"; else fail "perplexity --json gave '$out'"; fi
+
+echo "$failures failed"
+[ $failures -eq 0 ]
