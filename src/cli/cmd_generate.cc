@@ -81,6 +81,7 @@ int RunGenerate(const GenerateArgs& a) {
   std::string rest = detok.Flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
+  std::fflush(stdout);
   if (!stats) {
     std::fprintf(stderr, "error: %s\n", stats.error().c_str());
     return 1;

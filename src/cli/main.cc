@@ -7,6 +7,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"kvserve: an LLM inference engine built around the KV cache"};
   app.require_subcommand(1);
+  // Later flags override earlier ones (scripts pass defaults, users append their own).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.set_version_flag("--version", "kvserve 0.1.0");
   std::vector<std::pair<CLI::App*, kvs::cli::Runner>> commands;
   auto add = [&](kvs::cli::Runner r) { commands.emplace_back(app.get_subcommands({}).back(), std::move(r)); };

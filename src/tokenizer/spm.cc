@@ -96,6 +96,16 @@ Expected<std::unique_ptr<Tokenizer>> SpmTokenizer::Create(VocabData data) {
         break;
     }
   }
+  tok->split_words_ = true;
+  for (const std::string& t : tok->tokens_) {
+    for (size_t pos = t.find(kSpaceMarker, 1); pos != std::string::npos;
+         pos = t.find(kSpaceMarker, pos + 1)) {
+      if (pos < kSpaceMarker.size() ||
+          t.compare(pos - kSpaceMarker.size(), kSpaceMarker.size(), kSpaceMarker) != 0) {
+        tok->split_words_ = false;
+      }
+    }
+  }
   for (int b = 0; b < 256; ++b) {
     char hex[8];
     std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
@@ -140,6 +150,21 @@ void SpmTokenizer::AppendByteTokens(std::string_view bytes, std::vector<int32_t>
 }
 
 void SpmTokenizer::EncodeNormalized(std::string_view text, std::vector<int32_t>* out) const {
+  if (!split_words_) return EncodeSegment(text, out);
+  size_t begin = 0;
+  for (size_t pos = text.find(kSpaceMarker, 1); pos != std::string_view::npos;
+       pos = text.find(kSpaceMarker, pos + 1)) {
+    if (pos >= kSpaceMarker.size() &&
+        text.substr(pos - kSpaceMarker.size(), kSpaceMarker.size()) == kSpaceMarker) {
+      continue;  // inside a run of spaces, which tokens may span
+    }
+    EncodeSegment(text.substr(begin, pos - begin), out);
+    begin = pos;
+  }
+  EncodeSegment(text.substr(begin), out);
+}
+
+void SpmTokenizer::EncodeSegment(std::string_view text, std::vector<int32_t>* out) const {
   if (text.empty()) return;
   std::vector<Symbol> symbols;
   symbols.reserve(text.size());

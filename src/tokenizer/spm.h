@@ -20,9 +20,15 @@ class SpmTokenizer final : public VocabTokenizer {
   SpmTokenizer() = default;
   // Tokenizes text that is already normalized (U+2581 for spaces).
   void EncodeNormalized(std::string_view text, std::vector<int32_t>* out) const;
+  // The merge loop over one stretch of normalized text.
+  void EncodeSegment(std::string_view text, std::vector<int32_t>* out) const;
   void AppendByteTokens(std::string_view bytes, std::vector<int32_t>* out) const;
 
   bool add_space_prefix_ = true;
+  // True when no token has U+2581 after a different character, so that no merge can cross
+  // into a word that starts with U+2581: words can then be merged one at a time, which
+  // keeps the priority queue small. The result is the same either way (for valid UTF-8).
+  bool split_words_ = false;
   int32_t byte_tokens_[256] = {};  // -1 where neither <0xNN> nor the byte itself is a token
 };
 

@@ -48,7 +48,11 @@ Status ReadTokenId(const gguf::File& file, const char* key, size_t n_tokens,
   const gguf::Value* v = file.Find(key);
   if (v == nullptr) return Status::Ok();
   std::optional<int64_t> id = v->AsInt();
-  if (!id) return Status::Error(StrFormat("%s must be an integer", key));
+  if (!id) {
+    if (!v->AsUint()) return Status::Error(StrFormat("%s must be an integer", key));
+    if (*v->AsUint() == UINT64_MAX) return Status::Ok();  // "none" as a uint64
+    id = INT64_MAX;                                       // out of range below
+  }
   if (*id == -1 || *id == 0xFFFFFFFFll) return Status::Ok();
   if (*id < 0 || static_cast<uint64_t>(*id) >= n_tokens) {
     return Status::Error(
