@@ -220,9 +220,9 @@ TEST(GgufModel, UnsupportedWeightType) {
   spec.head_dim = 64;
   spec.n_ff = 256;
   Writer w = testing::MakeTinyModelWriter(spec);
-  // A K-quant matrix (not computable yet) must be refused by name, not run as garbage.
-  w.AddTensor("blk.0.ffn_gate.weight", {256, 256}, DType::kQ4_K, std::vector<uint8_t>(256 * 144));
-  ExpectError(ModelErrorOf(w.Serialize()), "'blk.0.ffn_gate.weight' has type q4_k");
+  // An i-quant matrix (not computable yet) must be refused by name, not run as garbage.
+  w.AddTensor("blk.0.ffn_gate.weight", {256, 256}, static_cast<DType>(16), std::vector<uint8_t>(256 * 66));
+  ExpectError(ModelErrorOf(w.Serialize()), "'blk.0.ffn_gate.weight' has type iq2_xxs");
 }
 
 }  // namespace

@@ -50,9 +50,9 @@ TEST(F16, DecodesSpecialValues) {
   EXPECT_EQ(F16ToF32(0x3c00), 1.0f);
   EXPECT_EQ(F16ToF32(0xc000), -2.0f);
   EXPECT_EQ(F16ToF32(0x7bff), 65504.0f);
-  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
   EXPECT_EQ(F16ToF32(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
-  EXPECT_EQ(F16ToF32(0x0400), std::ldexp(1.0f, -14));  // smallest normal
+  EXPECT_EQ(F16ToF32(0x0400), std::ldexp(1.0f, -14));     // smallest normal
   EXPECT_EQ(F16ToF32(0x7c00), std::numeric_limits<float>::infinity());
   EXPECT_EQ(F16ToF32(0xfc00), -std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(F16ToF32(0x7e00)));
@@ -74,7 +74,7 @@ TEST(F16, EncodesWithRoundToNearestEven) {
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);
   EXPECT_EQ(F32ToF16(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 units: tie to even
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);     // 1.5 units: tie to even
   EXPECT_EQ(F32ToF16(std::ldexp(1023.5f, -24)), 0x0400);  // rounds up into the normals
   EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -30)), 0x8000);
   EXPECT_EQ(F32ToF16(std::numeric_limits<float>::infinity()), 0x7c00);
@@ -101,8 +101,9 @@ TEST(F16, MatchesHardwareConversion) {
   std::mt19937 rng(7);
   for (int i = 0; i < 1 << 20; ++i) {
     // Random bit patterns over all exponents, and values dense around the half range.
-    float f = (i & 1) ? Bits(rng()) : std::ldexp(static_cast<float>(rng() % (1u << 24)),
-                                                 static_cast<int>(rng() % 48) - 64);
+    float f = (i & 1) ? Bits(rng())
+                      : std::ldexp(static_cast<float>(rng() % (1u << 24)),
+                                   static_cast<int>(rng() % 48) - 64);
     if (std::isnan(f)) continue;
     uint16_t hw = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
     ASSERT_EQ(F32ToF16(f), hw) << std::hexfloat << f;
@@ -261,7 +262,9 @@ TEST(Quantize, MatrixQuantizesEachRow) {
 
 const DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
 
-bool IsBlockType(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+bool IsBlockType(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0;
+}
 
 struct TestMatrix {
   std::vector<uint8_t> bytes;
@@ -320,7 +323,8 @@ void ExpectClose(const TestMatrix& m, const std::vector<float>& x, int64_t n_tok
       }
       const double tol = 5e-6 * mag + (blocks ? act_err : 0.0) + 1e-30;
       const size_t i = static_cast<size_t>(t * rows + r);
-      ASSERT_NEAR(out[i], ref[i], tol) << "token " << t << " row " << r << " (|w||x| = " << mag << ")";
+      ASSERT_NEAR(out[i], ref[i], tol)
+          << "token " << t << " row " << r << " (|w||x| = " << mag << ")";
     }
   }
 }
@@ -353,15 +357,15 @@ void CheckShapes(DType t, const std::vector<Shape>& shapes, const std::vector<in
 TEST(MatMul, BlockTypesMatchReference) {
   // Rows that are not multiples of the register tile (4) or the thread grain (16); cols with an
   // odd number of blocks (the kernels work on block pairs).
-  const std::vector<Shape> shapes = {{1, 32},  {7, 32},  {5, 64},   {17, 96},
+  const std::vector<Shape> shapes = {{1, 32},   {7, 32},   {5, 64},   {17, 96},
                                      {33, 160}, {64, 256}, {3, 4128}, {18, 4096}};
   for (DType t : {DType::kQ8_0, DType::kQ4_0}) CheckShapes(t, shapes, {1, 3, 8, 17});
 }
 
 TEST(MatMul, FloatTypesMatchReference) {
   // Columns that leave every possible remainder class of a 16-lane vector.
-  const std::vector<Shape> shapes = {{1, 1},   {7, 15},  {5, 16},  {17, 17}, {33, 33},
-                                     {9, 96},  {2, 100}, {64, 31}, {3, 4100}, {18, 4096}};
+  const std::vector<Shape> shapes = {{1, 1},  {7, 15},  {5, 16},  {17, 17},  {33, 33},
+                                     {9, 96}, {2, 100}, {64, 31}, {3, 4100}, {18, 4096}};
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) CheckShapes(t, shapes, {1, 3, 8, 17});
 }
 
@@ -402,7 +406,8 @@ TEST(MatMul, BatchedEqualsOneTokenAtATime) {
     std::vector<float> x = Activations(n, cols, 10);
     std::vector<float> batched(static_cast<size_t>(n * rows)), single(batched.size());
     MatMul(m.view, x.data(), n, batched.data(), pool);
-    for (int64_t i = 0; i < n; ++i) MatMul(m.view, x.data() + i * cols, 1, single.data() + i * rows, pool);
+    for (int64_t i = 0; i < n; ++i)
+      MatMul(m.view, x.data() + i * cols, 1, single.data() + i * rows, pool);
     EXPECT_EQ(0, std::memcmp(batched.data(), single.data(), batched.size() * sizeof(float)));
   }
 }

@@ -6,6 +6,7 @@
 #include "core/aligned.h"
 #include "core/check.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/ops.h"
 #include "tensor/quantize.h"
 
 namespace kvs {
@@ -37,14 +38,24 @@ ActPair* ActScratch(size_t n_pairs) {
 // Runs kernel(r0, r1, t0, t1) over all rows and tokens, rows split over the pool.
 template <class Kernel>
 void ForRowBlocks(const MatrixView& w, int64_t n_tokens, ThreadPool& pool, const Kernel& kernel) {
-  const int64_t block_rows =
-      std::max<int64_t>(kRowGrain, static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
-                                       static_cast<int64_t>(kRowGrain) * static_cast<int64_t>(kRowGrain));
+  const int64_t block_rows = std::max<int64_t>(
+      kRowGrain, static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
+                     static_cast<int64_t>(kRowGrain) * static_cast<int64_t>(kRowGrain));
   pool.ParallelFor(static_cast<size_t>(w.rows), kRowGrain, [&](int, size_t begin, size_t end) {
     for (int64_t r = static_cast<int64_t>(begin); r < static_cast<int64_t>(end); r += block_rows) {
       kernel(r, std::min<int64_t>(r + block_rows, static_cast<int64_t>(end)), 0, n_tokens);
     }
   });
+}
+
+void MatMulRowsDequantized(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,
+                           int64_t t1, float* out) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(w.cols));
+  for (int64_t r = r0; r < r1; ++r) {
+    DequantizeRow(w.type, w.row(r), row.data(), w.cols);
+    for (int64_t t = t0; t < t1; ++t) out[t * w.rows + r] = DotF32(row.data(), x + t * w.cols, w.cols);
+  }
 }
 
 }  // namespace
@@ -89,7 +100,12 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
       });
       return;
     default:
-      KVS_CHECK(false && "MatMul: unsupported weight type");
+      // Formats without a SIMD kernel yet (K-quants, Q4_1, Q5_x): dequantize each row once
+      // and reuse it for every token.
+      ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        MatMulRowsDequantized(w, r0, r1, x, t0, t1, out);
+      });
+      return;
   }
 }
 

@@ -30,6 +30,8 @@ namespace {
 // Rows x tokens per register tile: 16 accumulators, each weight vector serves four tokens.
 constexpr int kTileRows = 4;
 constexpr int kTileTokens = 4;
+// A lone token (decode) takes 8 rows at a time, to have more rows streaming from memory at once.
+constexpr int kDecodeTileRows = 8;
 
 // 16 weights from column c widened to f32; the masked form reads only the lanes in m (the
 // row tail), so it never touches memory past the row.
@@ -47,8 +49,8 @@ struct F16Format {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + c));
   }
   static __m512 Load(const uint8_t* row, int64_t c) {
-    return _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + c)));
+    return _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + c)));
   }
 };
 
@@ -60,10 +62,16 @@ struct BF16Format {
     return Widen(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + c));
   }
   static __m512 Load(const uint8_t* row, int64_t c) {
-    return Widen(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + c)));
+    return Widen(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + c)));
   }
 };
+
+// Left alone, GCC folds a load into each of the FMAs that use it, issuing the same load R or T
+// times; loads, not FMAs, then limit the tile.
+inline void KeepInRegister(__m512& v) {
+  asm("" : "+v"(v));
+}
 
 template <class F, int R, int T>
 void Tile(const MatrixView& w, int64_t r0, const float* x, int64_t t0, float* out,
@@ -85,6 +93,7 @@ void Tile(const MatrixView& w, int64_t r0, const float* x, int64_t t0, float* ou
       } else {
         wv[i] = F::Load(rows[i], c);
       }
+      KeepInRegister(wv[i]);
     }
     for (int t = 0; t < T; ++t) {
       __m512 xv;
@@ -93,6 +102,7 @@ void Tile(const MatrixView& w, int64_t r0, const float* x, int64_t t0, float* ou
       } else {
         xv = _mm512_loadu_ps(xs[t] + c);
       }
+      KeepInRegister(xv);
       for (int i = 0; i < R; ++i) acc[i][t] = _mm512_fmadd_ps(wv[i], xv, acc[i][t]);
     }
   };
@@ -101,7 +111,8 @@ void Tile(const MatrixView& w, int64_t r0, const float* x, int64_t t0, float* ou
   if (full < cols) step(full, std::true_type{}, static_cast<__mmask16>((1u << (cols - full)) - 1));
 
   for (int t = 0; t < T; ++t)
-    for (int i = 0; i < R; ++i) out[(t0 + t) * out_stride + r0 + i] = _mm512_reduce_add_ps(acc[i][t]);
+    for (int i = 0; i < R; ++i)
+      out[(t0 + t) * out_stride + r0 + i] = _mm512_reduce_add_ps(acc[i][t]);
 }
 
 using TileFn = void (*)(const MatrixView&, int64_t, const float*, int64_t, float*, int64_t);
@@ -110,10 +121,14 @@ template <class F, int R>
 TileFn PickTokens(int64_t nt) {
   static_assert(kTileTokens == 4);
   switch (nt) {
-    case 1: return Tile<F, R, 1>;
-    case 2: return Tile<F, R, 2>;
-    case 3: return Tile<F, R, 3>;
-    default: return Tile<F, R, 4>;
+    case 1:
+      return Tile<F, R, 1>;
+    case 2:
+      return Tile<F, R, 2>;
+    case 3:
+      return Tile<F, R, 3>;
+    default:
+      return Tile<F, R, 4>;
   }
 }
 
@@ -121,10 +136,14 @@ template <class F>
 TileFn PickTile(int64_t nr, int64_t nt) {
   static_assert(kTileRows == 4);
   switch (nr) {
-    case 1: return PickTokens<F, 1>(nt);
-    case 2: return PickTokens<F, 2>(nt);
-    case 3: return PickTokens<F, 3>(nt);
-    default: return PickTokens<F, 4>(nt);
+    case 1:
+      return PickTokens<F, 1>(nt);
+    case 2:
+      return PickTokens<F, 2>(nt);
+    case 3:
+      return PickTokens<F, 3>(nt);
+    default:
+      return PickTokens<F, 4>(nt);
   }
 }
 
@@ -133,7 +152,13 @@ void Rows(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t
           float* out, int64_t out_stride) {
   for (int64_t t = t0; t < t1; t += kTileTokens) {
     const int64_t nt = std::min<int64_t>(kTileTokens, t1 - t);
-    for (int64_t r = r0; r < r1; r += kTileRows) {
+    int64_t r = r0;
+    if (nt == 1) {
+      for (; r + kDecodeTileRows <= r1; r += kDecodeTileRows) {
+        Tile<F, kDecodeTileRows, 1>(w, r, x, t, out, out_stride);
+      }
+    }
+    for (; r < r1; r += kTileRows) {
       const int64_t nr = std::min<int64_t>(kTileRows, r1 - r);
       PickTile<F>(nr, nt)(w, r, x, t, out, out_stride);
     }
@@ -182,10 +207,14 @@ void Rows(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t
 void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,
                      int64_t t1, float* out, int64_t out_stride) {
   switch (w.type) {
-    case DType::kF32: return Rows<F32Format>(w, r0, r1, x, t0, t1, out, out_stride);
-    case DType::kF16: return Rows<F16Format>(w, r0, r1, x, t0, t1, out, out_stride);
-    case DType::kBF16: return Rows<BF16Format>(w, r0, r1, x, t0, t1, out, out_stride);
-    default: KVS_CHECK(false && "MatMulRowsFloat: not a float type");
+    case DType::kF32:
+      return Rows<F32Format>(w, r0, r1, x, t0, t1, out, out_stride);
+    case DType::kF16:
+      return Rows<F16Format>(w, r0, r1, x, t0, t1, out, out_stride);
+    case DType::kBF16:
+      return Rows<BF16Format>(w, r0, r1, x, t0, t1, out, out_stride);
+    default:
+      KVS_CHECK(false && "MatMulRowsFloat: not a float type");
   }
 }
 

@@ -41,10 +41,10 @@ void QuantizeActivations(const float* x, int64_t cols, int32_t code_offset, ActP
 // Tile kernels: out[t * out_stride + r] for rows [r0, r1) and tokens [t0, t1). Each (row, token)
 // dot product is computed in the same order whatever the tiling, so results do not depend on
 // the thread split or on how many tokens share a call.
-void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,
-                    int64_t t0, int64_t t1, float* out, int64_t out_stride);
-void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,
-                    int64_t t0, int64_t t1, float* out, int64_t out_stride);
+void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a, int64_t t0,
+                    int64_t t1, float* out, int64_t out_stride);
+void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a, int64_t t0,
+                    int64_t t1, float* out, int64_t out_stride);
 // x is [tokens][w.cols] f32.
 void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,
                      int64_t t1, float* out, int64_t out_stride);

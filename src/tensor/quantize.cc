@@ -1,5 +1,7 @@
 #include "tensor/quantize.h"
 
+#include "tensor/kquants.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -78,8 +80,11 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
       }
       return;
     }
-    default:
-      KVS_CHECK(false && "DequantizeRow: unsupported type");
+    default: {
+      // Q4_1, Q5_x and the K-quants live in kquants.cc.
+      const bool handled = DequantizeRowKQuant(t, src, dst, n);
+      KVS_CHECK(handled && "DequantizeRow: unsupported type");
+    }
   }
 }
 
@@ -110,15 +115,18 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n / 32; ++i) QuantizeBlockQ4_0(src + i * 32, &b[i]);
       return;
     }
-    default:
-      KVS_CHECK(false && "QuantizeRow: unsupported type");
+    default: {
+      const bool handled = QuantizeRowKQuant(t, src, dst, n);
+      KVS_CHECK(handled && "QuantizeRow: unsupported type");
+    }
   }
 }
 
 std::vector<uint8_t> QuantizeMatrix(DType t, const float* src, int64_t rows, int64_t cols) {
   const size_t row_bytes = RowBytes(t, static_cast<size_t>(cols));
   std::vector<uint8_t> out(row_bytes * static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) QuantizeRow(t, src + r * cols, out.data() + r * row_bytes, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    QuantizeRow(t, src + r * cols, out.data() + r * row_bytes, cols);
   return out;
 }
 
