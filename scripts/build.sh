@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Configures and builds one flavour of kvserve.  usage: build.sh [release|asan]
+# Configures and builds one flavour of kvserve.  usage: build.sh [release|asan] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flavour=${1:-release}
+shift || true
 case "$flavour" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
   asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSERVE_SANITIZE=ON) ;;
@@ -10,4 +11,5 @@ case "$flavour" in
 esac
 jobs=${KVSERVE_BUILD_JOBS:-$(nproc)}
 [ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
-cmake --build "$dir" -j "$jobs"
+targets=(); [ $# -gt 0 ] && targets=(--target "$@")
+cmake --build "$dir" -j "$jobs" "${targets[@]}"

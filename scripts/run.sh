@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh release
+scripts/build.sh release kvserve
 if [ -z "${KVSERVE_MODEL:-}" ] && [ ! -f ../shared/models/stories260K.gguf ]; then
   cache="$HOME/.cache/kvserve/models/stories260K.gguf"
   if [ ! -f "$cache" ]; then

@@ -36,7 +36,9 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
         std::vector<std::atomic<int>> hits(n);
         pool.ParallelFor(n, grain, [&](int t, size_t b, size_t e) {
           EXPECT_LT(t, threads);
-          if (b != 0) EXPECT_EQ(b % grain, 0u);
+          if (b != 0) {
+            EXPECT_EQ(b % grain, 0u);
+          }
           for (size_t i = b; i < e; ++i) hits[i]++;
         });
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;

@@ -144,6 +144,40 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.tied ? "_tied" : "");
     });
 
+std::vector<float> LastLogits(gguf::Writer w, const std::vector<int32_t>& tokens) {
+  auto f = gguf::File::FromBytes(w.Serialize());
+  auto model = Model::FromFile(std::move(*f));
+  EXPECT_TRUE(model.ok()) << model.error();
+  ThreadPool pool(1);
+  SimpleKvCache cache((*model)->config(), 32);
+  ForwardPass fwd(**model, pool);
+  std::vector<float> logits((*model)->config().n_vocab);
+  EXPECT_TRUE(fwd.Run(tokens.data(), static_cast<int32_t>(tokens.size()), 0, cache, 1, logits.data()).ok());
+  return logits;
+}
+
+// Llama 3 style models carry per-frequency RoPE divisors in rope_freqs.weight.
+TEST(RopeFreqs, FactorsOfOneChangeNothingAndOthersDo) {
+  testing::TinyModelSpec spec;
+  const std::vector<int32_t> tokens = {1, 30, 31, 32, 33, 34, 35, 36};
+  std::vector<float> plain = LastLogits(testing::MakeTinyModelWriter(spec), tokens);
+  gguf::Writer ones = testing::MakeTinyModelWriter(spec);
+  ones.AddTensorF32("rope_freqs.weight", {static_cast<uint64_t>(spec.head_dim / 2)}, DType::kF32,
+                    std::vector<float>(spec.head_dim / 2, 1.f));
+  std::vector<float> with_ones = LastLogits(std::move(ones), tokens);
+  gguf::Writer scaled = testing::MakeTinyModelWriter(spec);
+  scaled.AddTensorF32("rope_freqs.weight", {static_cast<uint64_t>(spec.head_dim / 2)}, DType::kF32,
+                      std::vector<float>(spec.head_dim / 2, 8.f));
+  std::vector<float> with_scaled = LastLogits(std::move(scaled), tokens);
+  double same = 0, changed = 0;
+  for (size_t v = 0; v < plain.size(); ++v) {
+    same = std::max(same, std::fabs(double(plain[v]) - with_ones[v]));
+    changed = std::max(changed, std::fabs(double(plain[v]) - with_scaled[v]));
+  }
+  EXPECT_EQ(same, 0.0);
+  EXPECT_GT(changed, 1e-3);
+}
+
 TEST(ForwardErrors, RejectsBadTokensAndFullContext) {
   testing::TinyModelSpec spec;
   auto f = gguf::File::FromBytes(testing::MakeTinyModel(spec));

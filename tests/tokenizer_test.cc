@@ -54,7 +54,10 @@ std::string Escape(std::string_view s) {
 
 std::string Join(const std::vector<int32_t>& ids) {
   std::string out;
-  for (int32_t id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);
+  for (int32_t id : ids) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(id);
+  }
   return out;
 }
 
@@ -301,7 +304,7 @@ gguf::Writer SpmWriter(int n_tokens) {
   std::vector<float> scores;
   std::vector<int32_t> types;
   for (int i = 0; i < n_tokens; ++i) {
-    tokens.push_back("t" + std::to_string(i));
+    tokens.push_back(std::string(1, 't').append(std::to_string(i)));
     scores.push_back(-static_cast<float>(i));
     types.push_back(1);
   }
