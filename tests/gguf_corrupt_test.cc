@@ -29,7 +29,10 @@ class RawGguf {
     return *this;
   }
   RawGguf& Header(uint32_t version, uint64_t n_tensors, uint64_t n_kv) {
-    return Put<uint32_t>(0x46554747).Put<uint32_t>(version).Put<uint64_t>(n_tensors).Put<uint64_t>(n_kv);
+    return Put<uint32_t>(0x46554747)
+        .Put<uint32_t>(version)
+        .Put<uint64_t>(n_tensors)
+        .Put<uint64_t>(n_kv);
   }
   std::vector<uint8_t> bytes;
 };
@@ -97,7 +100,13 @@ TEST(GgufCorrupt, BadBoolAndDuplicateKey) {
   g.Header(3, 0, 1).Str("b").Put<uint32_t>(7).Put<uint8_t>(5);
   ExpectError(ErrorOf(g.bytes), "bool value");
   RawGguf d;
-  d.Header(3, 0, 2).Str("k").Put<uint32_t>(4).Put<uint32_t>(1).Str("k").Put<uint32_t>(4).Put<uint32_t>(2);
+  d.Header(3, 0, 2)
+      .Str("k")
+      .Put<uint32_t>(4)
+      .Put<uint32_t>(1)
+      .Str("k")
+      .Put<uint32_t>(4)
+      .Put<uint32_t>(2);
   ExpectError(ErrorOf(d.bytes), "duplicate metadata key 'k'");
 }
 
@@ -221,7 +230,8 @@ TEST(GgufModel, UnsupportedWeightType) {
   spec.n_ff = 256;
   Writer w = testing::MakeTinyModelWriter(spec);
   // An i-quant matrix (not computable yet) must be refused by name, not run as garbage.
-  w.AddTensor("blk.0.ffn_gate.weight", {256, 256}, static_cast<DType>(16), std::vector<uint8_t>(256 * 66));
+  w.AddTensor("blk.0.ffn_gate.weight", {256, 256}, static_cast<DType>(16),
+              std::vector<uint8_t>(256 * 66));
   ExpectError(ModelErrorOf(w.Serialize()), "'blk.0.ffn_gate.weight' has type iq2_xxs");
 }
 

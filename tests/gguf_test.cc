@@ -99,7 +99,8 @@ TEST(GgufRoundTrip, TensorsHonourAlignment) {
     for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(fa[i], a[i]);
     std::vector<float> back(64);
     DequantizeRow(DType::kQ8_0, tb->data, back.data(), 64);
-    for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(back[i], b[i], 28.5 / 127);  // one q8_0 step of the block
+    for (size_t i = 0; i < b.size(); ++i)
+      EXPECT_NEAR(back[i], b[i], 28.5 / 127);  // one q8_0 step of the block
   }
 }
 

@@ -94,7 +94,8 @@ TEST_P(TinyModelTest, PrefillMatchesTokenByTokenDecode) {
     ASSERT_TRUE(fb.Run(&tokens[i], 1, i, cache_b, 1, one.data()).ok());
     double max_diff = 0, max_abs = 0;
     for (int32_t v = 0; v < V; ++v) {
-      max_diff = std::max(max_diff, std::fabs(double(one[v]) - all[static_cast<size_t>(i) * V + v]));
+      max_diff =
+          std::max(max_diff, std::fabs(double(one[v]) - all[static_cast<size_t>(i) * V + v]));
       max_abs = std::max(max_abs, std::fabs(double(one[v])));
     }
     EXPECT_LT(max_diff, 1e-3 * std::max(1.0, max_abs)) << "token " << i;
@@ -108,8 +109,14 @@ TEST_P(TinyModelTest, ThreadCountDoesNotChangeGreedyOutput) {
   opt.sampling.temperature = 0;
   std::vector<int32_t> a, b;
   ThreadPool p1(1), p2(2);
-  ASSERT_TRUE(Generate(*model, {1, 50, 60}, opt, p1, [&](int32_t t) { a.push_back(t); return true; }).ok());
-  ASSERT_TRUE(Generate(*model, {1, 50, 60}, opt, p2, [&](int32_t t) { b.push_back(t); return true; }).ok());
+  ASSERT_TRUE(Generate(*model, {1, 50, 60}, opt, p1, [&](int32_t t) {
+                a.push_back(t);
+                return true;
+              }).ok());
+  ASSERT_TRUE(Generate(*model, {1, 50, 60}, opt, p2, [&](int32_t t) {
+                b.push_back(t);
+                return true;
+              }).ok());
   EXPECT_EQ(a, b);
   EXPECT_EQ(a.size(), 24u);
 }
@@ -132,17 +139,21 @@ TEST_P(TinyModelTest, LogitsAreFiniteAndInputDependent) {
   EXPECT_GT(diff, 1e-3);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Archs, TinyModelTest,
-    ::testing::Values(ArchCase{"llama", DType::kF32, false, 16}, ArchCase{"llama", DType::kF16, true, 16},
-                      ArchCase{"llama", DType::kBF16, false, 16}, ArchCase{"llama", DType::kQ8_0, false, 16},
-                      ArchCase{"llama", DType::kQ4_0, false, 16}, ArchCase{"qwen2", DType::kF32, true, 16},
-                      ArchCase{"qwen2", DType::kQ8_0, true, 16}, ArchCase{"qwen3", DType::kF32, true, 32},
-                      ArchCase{"qwen3", DType::kF16, true, 32}),
-    [](const auto& info) {
-      return std::string(info.param.arch) + "_" + std::string(DTypeName(info.param.type)) +
-             (info.param.tied ? "_tied" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Archs, TinyModelTest,
+                         ::testing::Values(ArchCase{"llama", DType::kF32, false, 16},
+                                           ArchCase{"llama", DType::kF16, true, 16},
+                                           ArchCase{"llama", DType::kBF16, false, 16},
+                                           ArchCase{"llama", DType::kQ8_0, false, 16},
+                                           ArchCase{"llama", DType::kQ4_0, false, 16},
+                                           ArchCase{"qwen2", DType::kF32, true, 16},
+                                           ArchCase{"qwen2", DType::kQ8_0, true, 16},
+                                           ArchCase{"qwen3", DType::kF32, true, 32},
+                                           ArchCase{"qwen3", DType::kF16, true, 32}),
+                         [](const auto& info) {
+                           return std::string(info.param.arch) + "_" +
+                                  std::string(DTypeName(info.param.type)) +
+                                  (info.param.tied ? "_tied" : "");
+                         });
 
 std::vector<float> LastLogits(gguf::Writer w, const std::vector<int32_t>& tokens) {
   auto f = gguf::File::FromBytes(w.Serialize());
@@ -152,7 +163,8 @@ std::vector<float> LastLogits(gguf::Writer w, const std::vector<int32_t>& tokens
   SimpleKvCache cache((*model)->config(), 32);
   ForwardPass fwd(**model, pool);
   std::vector<float> logits((*model)->config().n_vocab);
-  EXPECT_TRUE(fwd.Run(tokens.data(), static_cast<int32_t>(tokens.size()), 0, cache, 1, logits.data()).ok());
+  EXPECT_TRUE(
+      fwd.Run(tokens.data(), static_cast<int32_t>(tokens.size()), 0, cache, 1, logits.data()).ok());
   return logits;
 }
 

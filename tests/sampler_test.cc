@@ -7,7 +7,9 @@
 namespace kvs {
 namespace {
 
-std::vector<float> Logits() { return {1.0f, 3.0f, 2.0f, 0.5f, 2.9f, -1.0f}; }
+std::vector<float> Logits() {
+  return {1.0f, 3.0f, 2.0f, 0.5f, 2.9f, -1.0f};
+}
 
 TEST(Sampler, GreedyPicksArgmax) {
   SamplingParams p;
@@ -110,9 +112,9 @@ TEST(Sampler, RepetitionPenaltyAndFrequencyPresence) {
   std::vector<float> l = {1.0f, 3.0f, -2.0f, 0.5f, 2.9f, -1.0f};
   std::vector<int32_t> history = {1, 1, 2};
   s.ApplyPenalties(l, history);
-  EXPECT_FLOAT_EQ(l[1], 3.0f / 2 - 2 * 0.5f - 0.25f);  // positive: divided
+  EXPECT_FLOAT_EQ(l[1], 3.0f / 2 - 2 * 0.5f - 0.25f);   // positive: divided
   EXPECT_FLOAT_EQ(l[2], -2.0f * 2 - 1 * 0.5f - 0.25f);  // negative: multiplied
-  EXPECT_FLOAT_EQ(l[0], 1.0f);                           // not in history
+  EXPECT_FLOAT_EQ(l[0], 1.0f);                          // not in history
   // A second application starts from clean counts.
   std::vector<float> l2 = {1.0f, 3.0f, -2.0f, 0.5f, 2.9f, -1.0f};
   s.ApplyPenalties(l2, history);

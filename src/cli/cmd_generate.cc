@@ -43,7 +43,8 @@ int RunGenerate(const GenerateArgs& a) {
   std::vector<int32_t> ids = tok.Encode(prompt, /*add_special=*/!a.no_bos, /*parse_special=*/true);
   if (ids.empty()) {
     if (tok.bos_id() < 0) {
-      std::fprintf(stderr, "error: the prompt is empty and the model has no BOS token to start from\n");
+      std::fprintf(stderr,
+                   "error: the prompt is empty and the model has no BOS token to start from\n");
       return 1;
     }
     ids.push_back(tok.bos_id());
@@ -92,8 +93,8 @@ int RunGenerate(const GenerateArgs& a) {
     std::fprintf(stderr, "\n");
   }
   const GenerateStats& s = *stats;
-  std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tokens/s)\n", s.n_prompt, s.prompt_seconds,
-               s.prompt_seconds > 0 ? s.n_prompt / s.prompt_seconds : 0.0);
+  std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tokens/s)\n", s.n_prompt,
+               s.prompt_seconds, s.prompt_seconds > 0 ? s.n_prompt / s.prompt_seconds : 0.0);
   // The first generated token comes from the prompt's logits, so decode speed counts the rest.
   int32_t decoded = s.n_generated > 1 ? s.n_generated - 1 : 0;
   std::fprintf(stderr, "generation: %d tokens in %.3f s (%.1f tokens/s)\n", s.n_generated,
@@ -106,23 +107,34 @@ int RunGenerate(const GenerateArgs& a) {
 Runner AddGenerateCommand(CLI::App& root) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = root.add_subcommand("generate", "Generate text from a prompt");
-  cmd->add_option("-m,--model", a->model, "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
+  cmd->add_option("-m,--model", a->model,
+                  "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
   cmd->add_option("-p,--prompt", a->prompt, "Prompt text (empty: start from BOS)");
   cmd->add_option("-f,--file", a->prompt_file, "Read the prompt from a file");
-  cmd->add_option("-n,--n-predict", a->n_predict, "Tokens to generate (-1: until EOS or full context)")
-      ->capture_default_str()->check(CLI::Range(-1, 1 << 24));
+  cmd->add_option("-n,--n-predict", a->n_predict,
+                  "Tokens to generate (-1: until EOS or full context)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 24));
   cmd->add_option("-c,--ctx-size", a->n_ctx, "Context size (0: the model's training context)")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("-t,--threads", a->threads, "Threads")->capture_default_str()->check(CLI::Range(1, 1024));
-  cmd->add_option("--temp", a->sampling.temperature, "Temperature (0: greedy)")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("-t,--threads", a->threads, "Threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--temp", a->sampling.temperature, "Temperature (0: greedy)")
+      ->capture_default_str();
   cmd->add_option("--top-k", a->sampling.top_k, "Top-k (0: off)")->capture_default_str();
   cmd->add_option("--top-p", a->sampling.top_p, "Top-p (1: off)")->capture_default_str();
   cmd->add_option("--min-p", a->sampling.min_p, "Min-p (0: off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", a->sampling.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str();
-  cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n, "Tokens the penalties look back over (-1: all)")
+  cmd->add_option("--repeat-penalty", a->sampling.repeat_penalty, "Repetition penalty (1: off)")
       ->capture_default_str();
-  cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "Frequency penalty")->capture_default_str();
-  cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "Presence penalty")->capture_default_str();
+  cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n,
+                  "Tokens the penalties look back over (-1: all)")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "Frequency penalty")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "Presence penalty")
+      ->capture_default_str();
   cmd->add_option("-s,--seed", a->seed, "Random seed (-1: random)")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_flag("--no-bos", a->no_bos, "Do not add the BOS token to the prompt");

@@ -18,12 +18,18 @@ Runner AddPerplexityCommand(CLI::App& root) {
     bool json = false;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* cmd = root.add_subcommand("perplexity", "Chunked perplexity of a text, as llama-perplexity computes it");
+  CLI::App* cmd = root.add_subcommand(
+      "perplexity", "Chunked perplexity of a text, as llama-perplexity computes it");
   cmd->add_option("-m,--model", a->model, "GGUF model file");
   cmd->add_option("-f,--file", a->file, "Text file")->required();
-  cmd->add_option("-c,--ctx-size", a->n_ctx, "Tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 20));
-  cmd->add_option("-t,--threads", a->threads, "Threads")->capture_default_str()->check(CLI::Range(1, 1024));
-  cmd->add_option("--chunks", a->max_chunks, "Score at most this many chunks (-1: all)")->capture_default_str();
+  cmd->add_option("-c,--ctx-size", a->n_ctx, "Tokens per chunk")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 1 << 20));
+  cmd->add_option("-t,--threads", a->threads, "Threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--chunks", a->max_chunks, "Score at most this many chunks (-1: all)")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with the result");
   return [a]() -> int {
     std::string path = a->model;
@@ -41,7 +47,8 @@ Runner AddPerplexityCommand(CLI::App& root) {
       return 1;
     }
     std::vector<int32_t> ids = (*tok)->Encode(text, /*add_special=*/true, /*parse_special=*/false);
-    if (a->max_chunks > 0 && static_cast<int64_t>(ids.size()) > static_cast<int64_t>(a->max_chunks) * a->n_ctx) {
+    if (a->max_chunks > 0 &&
+        static_cast<int64_t>(ids.size()) > static_cast<int64_t>(a->max_chunks) * a->n_ctx) {
       ids.resize(static_cast<size_t>(a->max_chunks) * a->n_ctx);
     }
     ThreadPool pool(a->threads);
@@ -54,14 +61,17 @@ Runner AddPerplexityCommand(CLI::App& root) {
       return 1;
     }
     if (a->json) {
-      nlohmann::json j = {{"ppl", r->ppl},           {"nll", r->nll},         {"nll_stderr", r->nll_stddev},
-                          {"n_tokens", r->n_tokens}, {"n_chunks", r->n_chunks}, {"n_scored", r->n_scored},
-                          {"n_ctx", a->n_ctx},       {"seconds", r->seconds}};
+      nlohmann::json j = {
+          {"ppl", r->ppl},           {"nll", r->nll},           {"nll_stderr", r->nll_stddev},
+          {"n_tokens", r->n_tokens}, {"n_chunks", r->n_chunks}, {"n_scored", r->n_scored},
+          {"n_ctx", a->n_ctx},       {"seconds", r->seconds}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("perplexity: %.4f +/- %.4f (nll %.5f) over %d chunks of %d tokens, %lld tokens scored, %.1f s\n",
-                  r->ppl, r->ppl * r->nll_stddev, r->nll, r->n_chunks, a->n_ctx,
-                  static_cast<long long>(r->n_scored), r->seconds);
+      std::printf(
+          "perplexity: %.4f +/- %.4f (nll %.5f) over %d chunks of %d tokens, %lld tokens scored, "
+          "%.1f s\n",
+          r->ppl, r->ppl * r->nll_stddev, r->nll, r->n_chunks, a->n_ctx,
+          static_cast<long long>(r->n_scored), r->seconds);
     }
     return 0;
   };

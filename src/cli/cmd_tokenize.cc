@@ -19,7 +19,8 @@ Runner AddTokenizeCommand(CLI::App& root) {
   auto* f = cmd->add_option("-f,--file", a->file, "Read the text from a file");
   p->excludes(f);
   cmd->add_flag("--no-bos", a->no_bos, "Leave out the BOS token the model would add");
-  cmd->add_flag("--parse-special", a->parse_special, "Map control tokens written in the text to their ids");
+  cmd->add_flag("--parse-special", a->parse_special,
+                "Map control tokens written in the text to their ids");
   cmd->add_flag("--show-pieces", a->pieces, "Print id:'piece' pairs, one per line");
   return [a]() -> int {
     std::string path = a->model;

@@ -11,7 +11,9 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.set_version_flag("--version", "kvserve 0.1.0");
   std::vector<std::pair<CLI::App*, kvs::cli::Runner>> commands;
-  auto add = [&](kvs::cli::Runner r) { commands.emplace_back(app.get_subcommands({}).back(), std::move(r)); };
+  auto add = [&](kvs::cli::Runner r) {
+    commands.emplace_back(app.get_subcommands({}).back(), std::move(r));
+  };
   add(kvs::cli::AddGenerateCommand(app));
   add(kvs::cli::AddTokenizeCommand(app));
   add(kvs::cli::AddInspectCommand(app));

@@ -4,12 +4,12 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define KVS_CHECK(cond)                                                               \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
+#define KVS_CHECK(cond)                                                             \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                   \
-    }                                                                                 \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
 #ifdef NDEBUG

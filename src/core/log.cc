@@ -9,8 +9,12 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
 }
 
-void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
-LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
+void SetLogLevel(LogLevel level) {
+  g_level.store(static_cast<int>(level));
+}
+LogLevel GetLogLevel() {
+  return static_cast<LogLevel>(g_level.load());
+}
 
 void Log(LogLevel level, const char* fmt, ...) {
   if (static_cast<int>(level) > g_level.load()) return;

@@ -34,7 +34,7 @@ std::string StrFormat(const char* fmt, ...) __attribute__((format(printf, 1, 2))
 template <typename T>
 class Expected {
  public:
-  Expected(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Expected(T value) : v_(std::move(value)) {}       // NOLINT: implicit by design
   Expected(Status error) : v_(std::move(error)) {}  // NOLINT
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
@@ -62,10 +62,10 @@ class Expected {
 #define KVS_CONCAT(a, b) KVS_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function when `expr` fails.
-#define KVS_RETURN_IF_ERROR(expr)          \
-  do {                                     \
-    ::kvs::Status _st = (expr);            \
-    if (!_st.ok()) return _st;             \
+#define KVS_RETURN_IF_ERROR(expr) \
+  do {                            \
+    ::kvs::Status _st = (expr);   \
+    if (!_st.ok()) return _st;    \
   } while (0)
 
 // `KVS_ASSIGN_OR_RETURN(auto x, Foo());` unwraps an Expected or returns its Status.

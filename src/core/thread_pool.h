@@ -3,9 +3,9 @@
 #pragma once
 
 #include <atomic>
-#include <cstdint>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -25,8 +25,7 @@ class ThreadPool {
 
   // Calls fn(thread_index, begin, end) over [0, n) split into size() contiguous ranges
   // whose boundaries are multiples of `grain`. Blocks until every range is done.
-  void ParallelFor(size_t n, size_t grain,
-                   const std::function<void(int, size_t, size_t)>& fn);
+  void ParallelFor(size_t n, size_t grain, const std::function<void(int, size_t, size_t)>& fn);
 
   static int DefaultThreadCount();
 

@@ -20,8 +20,8 @@ Expected<GenerateStats> Generate(const Model& model, const std::vector<int32_t>&
   KVS_RETURN_IF_ERROR(options.sampling.Validate());
   const int32_t n_ctx = options.n_ctx > 0 ? options.n_ctx : c.n_ctx_train;
   if (static_cast<int64_t>(prompt.size()) >= n_ctx) {
-    return Status::Error(StrFormat("the prompt has %zu tokens, which does not fit the context of %d",
-                                   prompt.size(), n_ctx));
+    return Status::Error(StrFormat(
+        "the prompt has %zu tokens, which does not fit the context of %d", prompt.size(), n_ctx));
   }
   int32_t budget = n_ctx - static_cast<int32_t>(prompt.size());
   if (options.n_predict >= 0) budget = std::min(budget, options.n_predict);
@@ -43,9 +43,11 @@ Expected<GenerateStats> Generate(const Model& model, const std::vector<int32_t>&
     int32_t token = sampler.Sample(logits.data(), history);
     history.push_back(token);
     ++stats.n_generated;
-    bool stop = std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end();
+    bool stop = std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
+                options.stop_ids.end();
     if (!on_token(token) || stop || step + 1 == budget) break;
-    KVS_RETURN_IF_ERROR(forward.Run(&token, 1, static_cast<int32_t>(history.size()) - 1, cache, 1, logits.data()));
+    KVS_RETURN_IF_ERROR(
+        forward.Run(&token, 1, static_cast<int32_t>(history.size()) - 1, cache, 1, logits.data()));
   }
   stats.generate_seconds = SecondsSince(t1);
   return stats;

@@ -11,10 +11,12 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
                                              int32_t n_ctx, int32_t bos_id, ThreadPool& pool,
                                              const std::function<void(int32_t, double)>& on_chunk) {
   const int32_t n_vocab = model.config().n_vocab;
-  if (n_ctx < 4) return Status::Error(StrFormat("context %d is too small for perplexity (need >= 4)", n_ctx));
+  if (n_ctx < 4)
+    return Status::Error(StrFormat("context %d is too small for perplexity (need >= 4)", n_ctx));
   if (static_cast<int64_t>(tokens.size()) < 2 * static_cast<int64_t>(n_ctx)) {
-    return Status::Error(StrFormat("the text has %zu tokens; perplexity with a context of %d needs at least %d",
-                                   tokens.size(), n_ctx, 2 * n_ctx));
+    return Status::Error(
+        StrFormat("the text has %zu tokens; perplexity with a context of %d needs at least %d",
+                  tokens.size(), n_ctx, 2 * n_ctx));
   }
   auto t0 = std::chrono::steady_clock::now();
   PerplexityResult r;
@@ -29,8 +31,8 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   std::vector<int32_t> chunk(n_ctx);
   double nll = 0, nll2 = 0;
   for (int32_t i = 0; i < r.n_chunks; ++i) {
-    std::copy(tokens.begin() + static_cast<size_t>(i) * n_ctx, tokens.begin() + static_cast<size_t>(i + 1) * n_ctx,
-              chunk.begin());
+    std::copy(tokens.begin() + static_cast<size_t>(i) * n_ctx,
+              tokens.begin() + static_cast<size_t>(i + 1) * n_ctx, chunk.begin());
     if (bos_id >= 0) chunk[0] = bos_id;
     // Logits for positions first..n_ctx-1; the last one predicts past the chunk and is unused.
     KVS_RETURN_IF_ERROR(forward.Run(chunk.data(), n_ctx, 0, cache, n_ctx - first, logits.data()));

@@ -19,7 +19,7 @@ struct PerplexityResult {
   double nll_stddev = 0;  // standard error of the mean
   int64_t n_tokens = 0;   // tokens in the input
   int32_t n_chunks = 0;
-  int64_t n_scored = 0;   // tokens whose probability was scored
+  int64_t n_scored = 0;  // tokens whose probability was scored
   double seconds = 0;
 };
 

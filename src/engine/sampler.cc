@@ -9,16 +9,20 @@ Status SamplingParams::Validate() const {
   if (!std::isfinite(temperature) || temperature < 0 || temperature > 100) {
     return Status::Error(StrFormat("temperature %g is out of range [0, 100]", temperature));
   }
-  if (!(top_p >= 0 && top_p <= 1)) return Status::Error(StrFormat("top_p %g is out of range [0, 1]", top_p));
-  if (!(min_p >= 0 && min_p <= 1)) return Status::Error(StrFormat("min_p %g is out of range [0, 1]", min_p));
+  if (!(top_p >= 0 && top_p <= 1))
+    return Status::Error(StrFormat("top_p %g is out of range [0, 1]", top_p));
+  if (!(min_p >= 0 && min_p <= 1))
+    return Status::Error(StrFormat("min_p %g is out of range [0, 1]", min_p));
   if (!(repeat_penalty > 0 && repeat_penalty <= 100)) {
     return Status::Error(StrFormat("repeat_penalty %g is out of range (0, 100]", repeat_penalty));
   }
   if (!(std::fabs(frequency_penalty) <= 100)) {
-    return Status::Error(StrFormat("frequency_penalty %g is out of range [-100, 100]", frequency_penalty));
+    return Status::Error(
+        StrFormat("frequency_penalty %g is out of range [-100, 100]", frequency_penalty));
   }
   if (!(std::fabs(presence_penalty) <= 100)) {
-    return Status::Error(StrFormat("presence_penalty %g is out of range [-100, 100]", presence_penalty));
+    return Status::Error(
+        StrFormat("presence_penalty %g is out of range [-100, 100]", presence_penalty));
   }
   if (repeat_last_n < -1) return Status::Error("repeat_last_n must be -1 (all) or >= 0");
   return Status::Ok();
@@ -39,8 +43,9 @@ void Sampler::ApplyPenalties(std::vector<float>& logits, std::span<const int32_t
   const bool any = params_.repeat_penalty != 1.f || params_.frequency_penalty != 0.f ||
                    params_.presence_penalty != 0.f;
   if (!any || history.empty() || params_.repeat_last_n == 0) return;
-  size_t window = params_.repeat_last_n < 0 ? history.size()
-                                            : std::min<size_t>(history.size(), params_.repeat_last_n);
+  size_t window = params_.repeat_last_n < 0
+                      ? history.size()
+                      : std::min<size_t>(history.size(), params_.repeat_last_n);
   std::span<const int32_t> recent = history.subspan(history.size() - window);
   std::vector<int32_t>& counts = counts_;  // all zero between calls
   for (int32_t t : recent) {
@@ -49,7 +54,8 @@ void Sampler::ApplyPenalties(std::vector<float>& logits, std::span<const int32_t
   for (int32_t t : recent) {
     if (t < 0 || t >= n_vocab_ || counts[t] == 0) continue;
     float& l = logits[t];
-    if (params_.repeat_penalty != 1.f) l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    if (params_.repeat_penalty != 1.f)
+      l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
     l -= counts[t] * params_.frequency_penalty + params_.presence_penalty;
     counts[t] = 0;  // each distinct token penalized once
   }

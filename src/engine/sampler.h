@@ -13,11 +13,11 @@ namespace kvs {
 
 struct SamplingParams {
   float temperature = 0.8f;
-  int32_t top_k = 40;          // <= 0: off
-  float top_p = 0.95f;         // >= 1: off
-  float min_p = 0.05f;         // <= 0: off
-  float repeat_penalty = 1.0f; // 1: off (llama.cpp's divide-positive / multiply-negative rule)
-  int32_t repeat_last_n = 64;  // how many recent tokens the penalties look at (-1: all)
+  int32_t top_k = 40;           // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off (llama.cpp's divide-positive / multiply-negative rule)
+  int32_t repeat_last_n = 64;   // how many recent tokens the penalties look at (-1: all)
   float frequency_penalty = 0.f;
   float presence_penalty = 0.f;
   uint64_t seed = 0xC0FFEE;

@@ -70,25 +70,78 @@ class Cursor {
   size_t pos_ = 0;
 };
 
-bool ValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::kFloat64); }
+bool ValidValueType(uint32_t t) {
+  return t <= static_cast<uint32_t>(ValueType::kFloat64);
+}
 
 Status ReadScalar(Cursor& c, ValueType t, int64_t* i, double* f, const std::string& key) {
   const char* what = "metadata value";
   switch (t) {
-    case ValueType::kUint8: { uint8_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; break; }
-    case ValueType::kInt8: { int8_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; break; }
-    case ValueType::kUint16: { uint16_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; break; }
-    case ValueType::kInt16: { int16_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; break; }
-    case ValueType::kUint32: { uint32_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; break; }
-    case ValueType::kInt32: { int32_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; break; }
-    case ValueType::kUint64: { uint64_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = static_cast<int64_t>(v); break; }
-    case ValueType::kInt64: { int64_t v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; break; }
-    case ValueType::kFloat32: { float v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *f = v; break; }
-    case ValueType::kFloat64: { double v; KVS_RETURN_IF_ERROR(c.Read(&v, what)); *f = v; break; }
+    case ValueType::kUint8: {
+      uint8_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = v;
+      break;
+    }
+    case ValueType::kInt8: {
+      int8_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = v;
+      break;
+    }
+    case ValueType::kUint16: {
+      uint16_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = v;
+      break;
+    }
+    case ValueType::kInt16: {
+      int16_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = v;
+      break;
+    }
+    case ValueType::kUint32: {
+      uint32_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = v;
+      break;
+    }
+    case ValueType::kInt32: {
+      int32_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = v;
+      break;
+    }
+    case ValueType::kUint64: {
+      uint64_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = static_cast<int64_t>(v);
+      break;
+    }
+    case ValueType::kInt64: {
+      int64_t v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *i = v;
+      break;
+    }
+    case ValueType::kFloat32: {
+      float v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *f = v;
+      break;
+    }
+    case ValueType::kFloat64: {
+      double v;
+      KVS_RETURN_IF_ERROR(c.Read(&v, what));
+      *f = v;
+      break;
+    }
     case ValueType::kBool: {
       uint8_t v;
       KVS_RETURN_IF_ERROR(c.Read(&v, what));
-      if (v > 1) return Status::Error(StrFormat("corrupt file: key '%s' has bool value %u", key.c_str(), v));
+      if (v > 1)
+        return Status::Error(StrFormat("corrupt file: key '%s' has bool value %u", key.c_str(), v));
       *i = v;
       break;
     }
@@ -102,12 +155,14 @@ Status ReadValue(Cursor& c, ValueType type, Value* out, const std::string& key, 
 
 Status ReadArray(Cursor& c, Value* out, const std::string& key, int depth) {
   if (depth > kMaxArrayDepth) {
-    return Status::Error(StrFormat("corrupt file: key '%s' nests arrays deeper than %d", key.c_str(), kMaxArrayDepth));
+    return Status::Error(StrFormat("corrupt file: key '%s' nests arrays deeper than %d",
+                                   key.c_str(), kMaxArrayDepth));
   }
   uint32_t elem;
   KVS_RETURN_IF_ERROR(c.Read(&elem, "array element type"));
   if (!ValidValueType(elem)) {
-    return Status::Error(StrFormat("corrupt file: key '%s' has unknown array element type %u", key.c_str(), elem));
+    return Status::Error(
+        StrFormat("corrupt file: key '%s' has unknown array element type %u", key.c_str(), elem));
   }
   uint64_t n;
   KVS_RETURN_IF_ERROR(c.ReadCount(&n, "array length"));
@@ -118,17 +173,20 @@ Status ReadArray(Cursor& c, Value* out, const std::string& key, int depth) {
   size_t min_elem = ScalarSize(out->array_type);
   if (min_elem == 0) min_elem = 4;
   if (n > c.remaining() / min_elem) {
-    return Status::Error(StrFormat("corrupt file: array '%s' claims %llu elements, more than the file holds",
-                                   key.c_str(), static_cast<unsigned long long>(n)));
+    return Status::Error(
+        StrFormat("corrupt file: array '%s' claims %llu elements, more than the file holds",
+                  key.c_str(), static_cast<unsigned long long>(n)));
   }
   switch (out->array_type) {
     case ValueType::kString:
       out->strings.resize(n);
-      for (uint64_t k = 0; k < n; ++k) KVS_RETURN_IF_ERROR(c.ReadString(&out->strings[k], "array string"));
+      for (uint64_t k = 0; k < n; ++k)
+        KVS_RETURN_IF_ERROR(c.ReadString(&out->strings[k], "array string"));
       break;
     case ValueType::kArray:
       out->arrays.resize(n);
-      for (uint64_t k = 0; k < n; ++k) KVS_RETURN_IF_ERROR(ReadArray(c, &out->arrays[k], key, depth + 1));
+      for (uint64_t k = 0; k < n; ++k)
+        KVS_RETURN_IF_ERROR(ReadArray(c, &out->arrays[k], key, depth + 1));
       break;
     case ValueType::kFloat32:
     case ValueType::kFloat64:
@@ -163,7 +221,8 @@ File::~File() {
 
 Expected<std::unique_ptr<File>> File::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return Status::Error(StrFormat("cannot open '%s': %s", path.c_str(), std::strerror(errno)));
+  if (fd < 0)
+    return Status::Error(StrFormat("cannot open '%s': %s", path.c_str(), std::strerror(errno)));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -207,11 +266,13 @@ Status File::Parse() {
   }
   KVS_RETURN_IF_ERROR(c.Read(&version_, "version"));
   if (version_ == 1) {
-    return Status::Error("GGUF version 1 is not supported (an old format with 32-bit counts); "
-                         "convert the model to GGUF v3 with a current llama.cpp");
+    return Status::Error(
+        "GGUF version 1 is not supported (an old format with 32-bit counts); "
+        "convert the model to GGUF v3 with a current llama.cpp");
   }
   if (version_ != 2 && version_ != 3) {
-    return Status::Error(StrFormat("unsupported GGUF version %u (kvserve reads versions 2 and 3)", version_));
+    return Status::Error(
+        StrFormat("unsupported GGUF version %u (kvserve reads versions 2 and 3)", version_));
   }
   c = Cursor(base_, size_, version_);
   uint32_t skip;
@@ -222,12 +283,14 @@ Status File::Parse() {
   KVS_RETURN_IF_ERROR(c.ReadCount(&n_kv, "metadata count"));
   // A key-value pair takes at least 12 bytes and a tensor info at least 24.
   if (n_kv > c.remaining() / 12) {
-    return Status::Error(StrFormat("corrupt file: metadata count %llu is larger than the file can hold",
-                                   static_cast<unsigned long long>(n_kv)));
+    return Status::Error(
+        StrFormat("corrupt file: metadata count %llu is larger than the file can hold",
+                  static_cast<unsigned long long>(n_kv)));
   }
   if (n_tensors > c.remaining() / 24) {
-    return Status::Error(StrFormat("corrupt file: tensor count %llu is larger than the file can hold",
-                                   static_cast<unsigned long long>(n_tensors)));
+    return Status::Error(
+        StrFormat("corrupt file: tensor count %llu is larger than the file can hold",
+                  static_cast<unsigned long long>(n_tensors)));
   }
 
   metadata_.reserve(n_kv);
@@ -238,7 +301,8 @@ Status File::Parse() {
     uint32_t type;
     KVS_RETURN_IF_ERROR(c.Read(&type, "metadata type"));
     if (!ValidValueType(type)) {
-      return Status::Error(StrFormat("corrupt file: key '%s' has unknown value type %u", key.c_str(), type));
+      return Status::Error(
+          StrFormat("corrupt file: key '%s' has unknown value type %u", key.c_str(), type));
     }
     Value value;
     KVS_RETURN_IF_ERROR(ReadValue(c, static_cast<ValueType>(type), &value, key, 0));
@@ -286,9 +350,10 @@ Status File::Parse() {
     }
     t.type = static_cast<DType>(type);
     if (t.dims[0] % info->block_elems != 0) {
-      return Status::Error(StrFormat("corrupt file: tensor '%s' row of %llu is not a multiple of the %s block (%u)",
-                                     t.name.c_str(), static_cast<unsigned long long>(t.dims[0]),
-                                     std::string(info->name).c_str(), info->block_elems));
+      return Status::Error(
+          StrFormat("corrupt file: tensor '%s' row of %llu is not a multiple of the %s block (%u)",
+                    t.name.c_str(), static_cast<unsigned long long>(t.dims[0]),
+                    std::string(info->name).c_str(), info->block_elems));
     }
     t.n_bytes = t.n_elements / info->block_elems * info->block_bytes;
     KVS_RETURN_IF_ERROR(c.Read(&t.offset, "tensor offset"));
@@ -310,10 +375,11 @@ Status File::Parse() {
   for (TensorInfo& t : tensors_) {
     uint64_t avail = size_ > data_offset_ ? size_ - data_offset_ : 0;
     if (t.offset > avail || t.n_bytes > avail - t.offset) {
-      return Status::Error(StrFormat("truncated file: tensor '%s' (%llu bytes at data offset %llu) "
-                                     "runs past the end of the file (%zu bytes)",
-                                     t.name.c_str(), static_cast<unsigned long long>(t.n_bytes),
-                                     static_cast<unsigned long long>(t.offset), size_));
+      return Status::Error(
+          StrFormat("truncated file: tensor '%s' (%llu bytes at data offset %llu) "
+                    "runs past the end of the file (%zu bytes)",
+                    t.name.c_str(), static_cast<unsigned long long>(t.n_bytes),
+                    static_cast<unsigned long long>(t.offset), size_));
     }
     t.data = base_ + data_offset_ + t.offset;
   }

@@ -20,7 +20,7 @@ struct TensorInfo {
   std::string name;
   std::vector<uint64_t> dims;  // GGML order: dims[0] is the innermost (row length)
   DType type = DType::kF32;
-  uint64_t offset = 0;    // relative to the data section
+  uint64_t offset = 0;  // relative to the data section
   uint64_t n_elements = 0;
   uint64_t n_bytes = 0;
   const uint8_t* data = nullptr;  // points into the mapping
@@ -63,7 +63,7 @@ class File {
   std::string path_;
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  void* mapping_ = nullptr;          // mmap'ed region, or null when owned_ holds the bytes
+  void* mapping_ = nullptr;  // mmap'ed region, or null when owned_ holds the bytes
   std::vector<uint8_t> owned_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

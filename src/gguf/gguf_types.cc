@@ -6,19 +6,32 @@ namespace kvs::gguf {
 
 std::string_view ValueTypeName(ValueType t) {
   switch (t) {
-    case ValueType::kUint8: return "u8";
-    case ValueType::kInt8: return "i8";
-    case ValueType::kUint16: return "u16";
-    case ValueType::kInt16: return "i16";
-    case ValueType::kUint32: return "u32";
-    case ValueType::kInt32: return "i32";
-    case ValueType::kFloat32: return "f32";
-    case ValueType::kBool: return "bool";
-    case ValueType::kString: return "str";
-    case ValueType::kArray: return "arr";
-    case ValueType::kUint64: return "u64";
-    case ValueType::kInt64: return "i64";
-    case ValueType::kFloat64: return "f64";
+    case ValueType::kUint8:
+      return "u8";
+    case ValueType::kInt8:
+      return "i8";
+    case ValueType::kUint16:
+      return "u16";
+    case ValueType::kInt16:
+      return "i16";
+    case ValueType::kUint32:
+      return "u32";
+    case ValueType::kInt32:
+      return "i32";
+    case ValueType::kFloat32:
+      return "f32";
+    case ValueType::kBool:
+      return "bool";
+    case ValueType::kString:
+      return "str";
+    case ValueType::kArray:
+      return "arr";
+    case ValueType::kUint64:
+      return "u64";
+    case ValueType::kInt64:
+      return "i64";
+    case ValueType::kFloat64:
+      return "f64";
   }
   return "?";
 }
@@ -40,7 +53,9 @@ bool IsIntegerType(ValueType t) {
   }
 }
 
-bool IsFloatType(ValueType t) { return t == ValueType::kFloat32 || t == ValueType::kFloat64; }
+bool IsFloatType(ValueType t) {
+  return t == ValueType::kFloat32 || t == ValueType::kFloat64;
+}
 
 size_t ScalarSize(ValueType t) {
   switch (t) {
@@ -87,7 +102,9 @@ std::optional<int64_t> Value::AsInt() const {
 
 std::optional<double> Value::AsFloat() const {
   if (IsFloatType(type)) return f;
-  if (IsIntegerType(type)) return type == ValueType::kUint64 ? static_cast<double>(static_cast<uint64_t>(i)) : static_cast<double>(i);
+  if (IsIntegerType(type))
+    return type == ValueType::kUint64 ? static_cast<double>(static_cast<uint64_t>(i))
+                                      : static_cast<double>(i);
   return std::nullopt;
 }
 
@@ -96,7 +113,9 @@ std::optional<bool> Value::AsBool() const {
   return std::nullopt;
 }
 
-const std::string* Value::AsString() const { return type == ValueType::kString ? &str : nullptr; }
+const std::string* Value::AsString() const {
+  return type == ValueType::kString ? &str : nullptr;
+}
 
 std::string Value::ToString(size_t max_items) const {
   char buf[64];
@@ -129,7 +148,8 @@ std::string Value::ToString(size_t max_items) const {
           out += buf;
         }
       }
-      if (n > max_items) out += ", ... (" + std::to_string(n) + " " + std::string(ValueTypeName(array_type)) + ")";
+      if (n > max_items)
+        out += ", ... (" + std::to_string(n) + " " + std::string(ValueTypeName(array_type)) + ")";
       return out + "]";
     }
     default:

@@ -28,7 +28,7 @@ enum class ValueType : uint32_t {
 std::string_view ValueTypeName(ValueType t);
 bool IsIntegerType(ValueType t);  // bool counts as integer here
 bool IsFloatType(ValueType t);
-size_t ScalarSize(ValueType t);   // 0 for string/array
+size_t ScalarSize(ValueType t);  // 0 for string/array
 
 struct Value {
   ValueType type = ValueType::kUint32;

@@ -30,18 +30,41 @@ class ByteSink {
 
 void PutScalar(ByteSink& s, ValueType t, int64_t i, double f) {
   switch (t) {
-    case ValueType::kUint8: s.Put<uint8_t>(static_cast<uint8_t>(i)); break;
-    case ValueType::kInt8: s.Put<int8_t>(static_cast<int8_t>(i)); break;
-    case ValueType::kUint16: s.Put<uint16_t>(static_cast<uint16_t>(i)); break;
-    case ValueType::kInt16: s.Put<int16_t>(static_cast<int16_t>(i)); break;
-    case ValueType::kUint32: s.Put<uint32_t>(static_cast<uint32_t>(i)); break;
-    case ValueType::kInt32: s.Put<int32_t>(static_cast<int32_t>(i)); break;
-    case ValueType::kUint64: s.Put<uint64_t>(static_cast<uint64_t>(i)); break;
-    case ValueType::kInt64: s.Put<int64_t>(i); break;
-    case ValueType::kFloat32: s.Put<float>(static_cast<float>(f)); break;
-    case ValueType::kFloat64: s.Put<double>(f); break;
-    case ValueType::kBool: s.Put<uint8_t>(i ? 1 : 0); break;
-    default: KVS_CHECK(false && "not a scalar type");
+    case ValueType::kUint8:
+      s.Put<uint8_t>(static_cast<uint8_t>(i));
+      break;
+    case ValueType::kInt8:
+      s.Put<int8_t>(static_cast<int8_t>(i));
+      break;
+    case ValueType::kUint16:
+      s.Put<uint16_t>(static_cast<uint16_t>(i));
+      break;
+    case ValueType::kInt16:
+      s.Put<int16_t>(static_cast<int16_t>(i));
+      break;
+    case ValueType::kUint32:
+      s.Put<uint32_t>(static_cast<uint32_t>(i));
+      break;
+    case ValueType::kInt32:
+      s.Put<int32_t>(static_cast<int32_t>(i));
+      break;
+    case ValueType::kUint64:
+      s.Put<uint64_t>(static_cast<uint64_t>(i));
+      break;
+    case ValueType::kInt64:
+      s.Put<int64_t>(i);
+      break;
+    case ValueType::kFloat32:
+      s.Put<float>(static_cast<float>(f));
+      break;
+    case ValueType::kFloat64:
+      s.Put<double>(f);
+      break;
+    case ValueType::kBool:
+      s.Put<uint8_t>(i ? 1 : 0);
+      break;
+    default:
+      KVS_CHECK(false && "not a scalar type");
   }
 }
 
@@ -93,8 +116,9 @@ void Writer::AddTensorF32(std::string name, std::vector<uint64_t> dims, DType ty
   uint64_t cols = dims.empty() ? 1 : dims[0];
   uint64_t rows = cols ? values.size() / cols : 0;
   KVS_CHECK(rows * cols == values.size());
-  AddTensor(std::move(name), std::move(dims), type,
-            QuantizeMatrix(type, values.data(), static_cast<int64_t>(rows), static_cast<int64_t>(cols)));
+  AddTensor(
+      std::move(name), std::move(dims), type,
+      QuantizeMatrix(type, values.data(), static_cast<int64_t>(rows), static_cast<int64_t>(cols)));
 }
 
 std::vector<uint8_t> Writer::Serialize() const {
@@ -135,7 +159,8 @@ std::vector<uint8_t> Writer::Serialize() const {
 Status Writer::WriteFile(const std::string& path) const {
   std::vector<uint8_t> bytes = Serialize();
   FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return Status::Error(StrFormat("cannot write '%s': %s", path.c_str(), std::strerror(errno)));
+  if (!f)
+    return Status::Error(StrFormat("cannot write '%s': %s", path.c_str(), std::strerror(errno)));
   size_t n = std::fwrite(bytes.data(), 1, bytes.size(), f);
   bool ok = n == bytes.size() && std::fclose(f) == 0;
   if (!ok) return Status::Error(StrFormat("short write to '%s'", path.c_str()));

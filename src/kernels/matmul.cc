@@ -54,7 +54,8 @@ void MatMulRowsDequantized(const MatrixView& w, int64_t r0, int64_t r1, const fl
   row.resize(static_cast<size_t>(w.cols));
   for (int64_t r = r0; r < r1; ++r) {
     DequantizeRow(w.type, w.row(r), row.data(), w.cols);
-    for (int64_t t = t0; t < t1; ++t) out[t * w.rows + r] = DotF32(row.data(), x + t * w.cols, w.cols);
+    for (int64_t t = t0; t < t1; ++t)
+      out[t * w.rows + r] = DotF32(row.data(), x + t * w.cols, w.cols);
   }
 }
 

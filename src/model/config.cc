@@ -12,7 +12,8 @@ Status ReadDim(const gguf::File& f, const std::string& key, bool required, int32
     return Status::Ok();
   }
   auto u = v->AsUint();
-  if (!u) return Status::Error(StrFormat("metadata key '%s' is not an unsigned integer", key.c_str()));
+  if (!u)
+    return Status::Error(StrFormat("metadata key '%s' is not an unsigned integer", key.c_str()));
   if (*u == 0 || *u > static_cast<uint64_t>(kMaxDim)) {
     return Status::Error(StrFormat("metadata key '%s' has an absurd value %llu", key.c_str(),
                                    static_cast<unsigned long long>(*u)));
@@ -48,8 +49,8 @@ Expected<ModelConfig> ReadModelConfig(const gguf::File& f) {
     c.arch = Arch::kQwen3;
     c.rope_neox = true;
   } else {
-    return Status::Error(StrFormat("unsupported architecture '%s' (kvserve runs llama, qwen2, qwen3)",
-                                   arch->c_str()));
+    return Status::Error(StrFormat(
+        "unsupported architecture '%s' (kvserve runs llama, qwen2, qwen3)", arch->c_str()));
   }
   c.name = f.GetString("general.name").value_or(c.arch_name);
   const std::string p = c.arch_name + ".";
@@ -60,7 +61,8 @@ Expected<ModelConfig> ReadModelConfig(const gguf::File& f) {
   c.n_head_kv = c.n_head;
   KVS_RETURN_IF_ERROR(ReadDim(f, p + "attention.head_count_kv", false, &c.n_head_kv));
   if (c.n_embd % c.n_head != 0 && !f.Find(p + "attention.key_length")) {
-    return Status::Error("embedding_length is not a multiple of head_count and key_length is absent");
+    return Status::Error(
+        "embedding_length is not a multiple of head_count and key_length is absent");
   }
   c.head_dim_k = c.n_embd / c.n_head;
   KVS_RETURN_IF_ERROR(ReadDim(f, p + "attention.key_length", false, &c.head_dim_k));
@@ -82,18 +84,21 @@ Expected<ModelConfig> ReadModelConfig(const gguf::File& f) {
   }
 
   if (c.n_head % c.n_head_kv != 0) {
-    return Status::Error(StrFormat("head_count %d is not a multiple of head_count_kv %d", c.n_head, c.n_head_kv));
+    return Status::Error(
+        StrFormat("head_count %d is not a multiple of head_count_kv %d", c.n_head, c.n_head_kv));
   }
   if (c.n_rot > c.head_dim_k || c.n_rot % 2 != 0) {
-    return Status::Error(StrFormat("rope.dimension_count %d must be even and at most the head size %d",
-                                   c.n_rot, c.head_dim_k));
+    return Status::Error(
+        StrFormat("rope.dimension_count %d must be even and at most the head size %d", c.n_rot,
+                  c.head_dim_k));
   }
   if (c.n_layer > 4096) return Status::Error(StrFormat("block_count %d is absurd", c.n_layer));
   // The vocabulary size comes from the embedding tensor (checked again by the weights).
   const gguf::TensorInfo* emb = f.FindTensor("token_embd.weight");
   if (!emb) return Status::Error("missing tensor 'token_embd.weight'");
   if (emb->dims.size() != 2) return Status::Error("tensor 'token_embd.weight' must be 2-D");
-  if (emb->dims[1] > (1u << 24)) return Status::Error("tensor 'token_embd.weight' has an absurd vocabulary size");
+  if (emb->dims[1] > (1u << 24))
+    return Status::Error("tensor 'token_embd.weight' has an absurd vocabulary size");
   c.n_vocab = static_cast<int32_t>(emb->dims[1]);
   return c;
 }

@@ -36,12 +36,13 @@ Status ForwardPass::Run(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKv
   if (n <= 0) return Status::Error("forward pass needs at least one token");
   if (n_out < 0 || n_out > n) return Status::Error("n_out out of range");
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > cache.n_ctx()) {
-    return Status::Error(StrFormat("context full: positions %d..%d exceed the context size %d", pos0,
-                                   pos0 + n - 1, cache.n_ctx()));
+    return Status::Error(StrFormat("context full: positions %d..%d exceed the context size %d",
+                                   pos0, pos0 + n - 1, cache.n_ctx()));
   }
   for (int32_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= c_.n_vocab) {
-      return Status::Error(StrFormat("token id %d is outside the vocabulary (0..%d)", tokens[i], c_.n_vocab - 1));
+      return Status::Error(
+          StrFormat("token id %d is outside the vocabulary (0..%d)", tokens[i], c_.n_vocab - 1));
     }
   }
   const ModelWeights& w = model_.weights();
@@ -55,9 +56,11 @@ Status ForwardPass::Run(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKv
     if (lo >= hi) continue;
     for (int32_t i = lo; i < hi; ++i) {
       const float* xi = x_.data() + static_cast<size_t>(i - start) * c_.n_embd;
-      RmsNorm(xi, w.output_norm.data(), c_.n_embd, c_.rms_eps, xn_.data() + static_cast<size_t>(i - lo) * c_.n_embd);
+      RmsNorm(xi, w.output_norm.data(), c_.n_embd, c_.rms_eps,
+              xn_.data() + static_cast<size_t>(i - lo) * c_.n_embd);
     }
-    MatMul(w.output, xn_.data(), hi - lo, logits + static_cast<size_t>(lo - first_out) * c_.n_vocab, pool_);
+    MatMul(w.output, xn_.data(), hi - lo, logits + static_cast<size_t>(lo - first_out) * c_.n_vocab,
+           pool_);
   }
   return Status::Ok();
 }
@@ -69,16 +72,19 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
   float* xn = xn_.data();
 
   for (int32_t i = 0; i < n; ++i) {
-    DequantizeRow(w.token_embd.type, w.token_embd.row(tokens[i]), x + static_cast<size_t>(i) * d, d);
+    DequantizeRow(w.token_embd.type, w.token_embd.row(tokens[i]), x + static_cast<size_t>(i) * d,
+                  d);
   }
   RopeParams rope{c_.n_rot, c_.rope_freq_base, c_.rope_freq_scale, c_.rope_neox,
                   w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
-  for (int32_t i = 0; i < n; ++i) RopeAngles(pos0 + i, rope, rope_.data() + static_cast<size_t>(i) * c_.n_rot);
+  for (int32_t i = 0; i < n; ++i)
+    RopeAngles(pos0 + i, rope, rope_.data() + static_cast<size_t>(i) * c_.n_rot);
 
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     const LayerWeights& L = w.layers[l];
     for (int32_t i = 0; i < n; ++i) {
-      RmsNorm(x + static_cast<size_t>(i) * d, L.attn_norm.data(), d, c_.rms_eps, xn + static_cast<size_t>(i) * d);
+      RmsNorm(x + static_cast<size_t>(i) * d, L.attn_norm.data(), d, c_.rms_eps,
+              xn + static_cast<size_t>(i) * d);
     }
     MatMul(L.wq, xn, n, q_.data(), pool_);
     MatMul(L.wk, xn, n, k_.data(), pool_);
@@ -109,7 +115,8 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
 
     for (int32_t i = 0; i < n; ++i) {
-      RmsNorm(x + static_cast<size_t>(i) * d, L.ffn_norm.data(), d, c_.rms_eps, xn + static_cast<size_t>(i) * d);
+      RmsNorm(x + static_cast<size_t>(i) * d, L.ffn_norm.data(), d, c_.rms_eps,
+              xn + static_cast<size_t>(i) * d);
     }
     MatMul(L.w_gate, xn, n, gate_.data(), pool_);
     MatMul(L.w_up, xn, n, up_.data(), pool_);
@@ -124,24 +131,29 @@ void ForwardPass::Attention(int32_t layer, int32_t n, int32_t pos0, SimpleKvCach
   const int32_t group = c_.n_head / c_.n_head_kv;
   const float scale = 1.f / std::sqrt(static_cast<float>(hk));
   const size_t n_ctx = cache.n_ctx();
-  pool_.ParallelFor(static_cast<size_t>(n) * c_.n_head, 1, [&](int thread, size_t begin, size_t end) {
-    float* scores = scores_.data() + thread * n_ctx;
-    for (size_t job = begin; job < end; ++job) {
-      const int32_t i = static_cast<int32_t>(job / c_.n_head), h = static_cast<int32_t>(job % c_.n_head);
-      const int32_t g = h / group;
-      const int32_t n_keys = pos0 + i + 1;  // causal: this token sees itself and everything before
-      const float* qh = q_.data() + static_cast<size_t>(i) * c_.q_dim() + static_cast<size_t>(h) * hk;
-      for (int32_t j = 0; j < n_keys; ++j) {
-        scores[j] = DotF32(qh, cache.k(layer, j) + static_cast<size_t>(g) * hk, hk) * scale;
-      }
-      Softmax(scores, n_keys);
-      float* out = att_.data() + static_cast<size_t>(i) * c_.n_head * hv + static_cast<size_t>(h) * hv;
-      std::fill(out, out + hv, 0.f);
-      for (int32_t j = 0; j < n_keys; ++j) {
-        Axpy(scores[j], cache.v(layer, j) + static_cast<size_t>(g) * hv, out, hv);
-      }
-    }
-  });
+  pool_.ParallelFor(
+      static_cast<size_t>(n) * c_.n_head, 1, [&](int thread, size_t begin, size_t end) {
+        float* scores = scores_.data() + thread * n_ctx;
+        for (size_t job = begin; job < end; ++job) {
+          const int32_t i = static_cast<int32_t>(job / c_.n_head),
+                        h = static_cast<int32_t>(job % c_.n_head);
+          const int32_t g = h / group;
+          const int32_t n_keys =
+              pos0 + i + 1;  // causal: this token sees itself and everything before
+          const float* qh =
+              q_.data() + static_cast<size_t>(i) * c_.q_dim() + static_cast<size_t>(h) * hk;
+          for (int32_t j = 0; j < n_keys; ++j) {
+            scores[j] = DotF32(qh, cache.k(layer, j) + static_cast<size_t>(g) * hk, hk) * scale;
+          }
+          Softmax(scores, n_keys);
+          float* out =
+              att_.data() + static_cast<size_t>(i) * c_.n_head * hv + static_cast<size_t>(h) * hv;
+          std::fill(out, out + hv, 0.f);
+          for (int32_t j = 0; j < n_keys; ++j) {
+            Axpy(scores[j], cache.v(layer, j) + static_cast<size_t>(g) * hv, out, hv);
+          }
+        }
+      });
 }
 
 }  // namespace kvs

@@ -19,8 +19,12 @@ class SimpleKvCache {
         v_(static_cast<size_t>(config.n_layer) * n_ctx * v_stride_) {}
 
   int32_t n_ctx() const { return n_ctx_; }
-  float* k(int32_t layer, int32_t pos) { return &k_[(static_cast<size_t>(layer) * n_ctx_ + pos) * k_stride_]; }
-  float* v(int32_t layer, int32_t pos) { return &v_[(static_cast<size_t>(layer) * n_ctx_ + pos) * v_stride_]; }
+  float* k(int32_t layer, int32_t pos) {
+    return &k_[(static_cast<size_t>(layer) * n_ctx_ + pos) * k_stride_];
+  }
+  float* v(int32_t layer, int32_t pos) {
+    return &v_[(static_cast<size_t>(layer) * n_ctx_ + pos) * v_stride_];
+  }
   size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
 
  private:

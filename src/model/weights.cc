@@ -37,8 +37,9 @@ class TensorLoader {
   // A [rows][cols] matrix (GGUF dims {cols, rows}).
   Status Matrix(const std::string& name, int64_t rows, int64_t cols, MatrixView* out,
                 bool required = true) {
-    KVS_ASSIGN_OR_RETURN(const gguf::TensorInfo* t,
-                         Find(name, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, required));
+    KVS_ASSIGN_OR_RETURN(
+        const gguf::TensorInfo* t,
+        Find(name, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, required));
     if (!t) return Status::Ok();
     out->type = t->type;
     out->data = t->data;
@@ -49,7 +50,8 @@ class TensorLoader {
   }
 
   Status Vector(const std::string& name, int64_t n, std::vector<float>* out, bool required = true) {
-    KVS_ASSIGN_OR_RETURN(const gguf::TensorInfo* t, Find(name, {static_cast<uint64_t>(n)}, required));
+    KVS_ASSIGN_OR_RETURN(const gguf::TensorInfo* t,
+                         Find(name, {static_cast<uint64_t>(n)}, required));
     if (!t) return Status::Ok();
     out->resize(n);
     DequantizeRow(t->type, t->data, out->data(), n);
@@ -81,7 +83,8 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
   KVS_RETURN_IF_ERROR(load.Matrix("token_embd.weight", c.n_vocab, c.n_embd, &w.token_embd));
   KVS_RETURN_IF_ERROR(load.Vector("output_norm.weight", c.n_embd, &w.output_norm));
   w.output = w.token_embd;  // tied unless the file has its own output matrix
-  KVS_RETURN_IF_ERROR(load.Matrix("output.weight", c.n_vocab, c.n_embd, &w.output, /*required=*/false));
+  KVS_RETURN_IF_ERROR(
+      load.Matrix("output.weight", c.n_vocab, c.n_embd, &w.output, /*required=*/false));
   KVS_RETURN_IF_ERROR(load.Vector("rope_freqs.weight", c.n_rot / 2, &w.rope_freqs, false));
   w.layers.resize(c.n_layer);
   for (int32_t l = 0; l < c.n_layer; ++l) {
@@ -91,7 +94,8 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
     KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_q.weight", c.q_dim(), c.n_embd, &L.wq));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_k.weight", c.k_dim(), c.n_embd, &L.wk));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_v.weight", c.v_dim(), c.n_embd, &L.wv));
-    KVS_RETURN_IF_ERROR(load.Matrix(p + "attn_output.weight", c.n_embd, c.n_head * c.head_dim_v, &L.wo));
+    KVS_RETURN_IF_ERROR(
+        load.Matrix(p + "attn_output.weight", c.n_embd, c.n_head * c.head_dim_v, &L.wo));
     // Biases are optional for every architecture (qwen2 has them); qwen3 requires q/k norms.
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q.bias", c.q_dim(), &L.bq, false));
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k.bias", c.k_dim(), &L.bk, false));

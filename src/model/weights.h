@@ -14,17 +14,17 @@
 namespace kvs {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // [n_embd]
-  MatrixView wq;                 // [q_dim][n_embd]
-  MatrixView wk;                 // [k_dim][n_embd]
-  MatrixView wv;                 // [v_dim][n_embd]
-  MatrixView wo;                 // [n_embd][n_head * head_dim_v]
-  std::vector<float> bq, bk, bv;         // qwen2 biases, empty otherwise
-  std::vector<float> q_norm, k_norm;     // qwen3 per-head norms [head_dim_k], empty otherwise
-  std::vector<float> ffn_norm;   // [n_embd]
-  MatrixView w_gate;             // [n_ff][n_embd]
-  MatrixView w_up;               // [n_ff][n_embd]
-  MatrixView w_down;             // [n_embd][n_ff]
+  std::vector<float> attn_norm;       // [n_embd]
+  MatrixView wq;                      // [q_dim][n_embd]
+  MatrixView wk;                      // [k_dim][n_embd]
+  MatrixView wv;                      // [v_dim][n_embd]
+  MatrixView wo;                      // [n_embd][n_head * head_dim_v]
+  std::vector<float> bq, bk, bv;      // qwen2 biases, empty otherwise
+  std::vector<float> q_norm, k_norm;  // qwen3 per-head norms [head_dim_k], empty otherwise
+  std::vector<float> ffn_norm;        // [n_embd]
+  MatrixView w_gate;                  // [n_ff][n_embd]
+  MatrixView w_up;                    // [n_ff][n_embd]
+  MatrixView w_down;                  // [n_embd][n_ff]
 };
 
 struct ModelWeights {

@@ -8,38 +8,70 @@ namespace kvs {
 
 std::optional<DTypeInfo> GetDTypeInfo(uint32_t t) {
   switch (t) {
-    case 0: return DTypeInfo{"f32", 1, 4, true};
-    case 1: return DTypeInfo{"f16", 1, 2, true};
-    case 2: return DTypeInfo{"q4_0", 32, 18, true};
-    case 3: return DTypeInfo{"q4_1", 32, 20, true};
-    case 6: return DTypeInfo{"q5_0", 32, 22, true};
-    case 7: return DTypeInfo{"q5_1", 32, 24, true};
-    case 8: return DTypeInfo{"q8_0", 32, 34, true};
-    case 9: return DTypeInfo{"q8_1", 32, 36, false};
-    case 10: return DTypeInfo{"q2_k", 256, 84, true};
-    case 11: return DTypeInfo{"q3_k", 256, 110, true};
-    case 12: return DTypeInfo{"q4_k", 256, 144, true};
-    case 13: return DTypeInfo{"q5_k", 256, 176, true};
-    case 14: return DTypeInfo{"q6_k", 256, 210, true};
-    case 15: return DTypeInfo{"q8_k", 256, 292, false};
-    case 16: return DTypeInfo{"iq2_xxs", 256, 66, false};
-    case 17: return DTypeInfo{"iq2_xs", 256, 74, false};
-    case 18: return DTypeInfo{"iq3_xxs", 256, 98, false};
-    case 19: return DTypeInfo{"iq1_s", 256, 50, false};
-    case 20: return DTypeInfo{"iq4_nl", 32, 18, false};
-    case 21: return DTypeInfo{"iq3_s", 256, 110, false};
-    case 22: return DTypeInfo{"iq2_s", 256, 82, false};
-    case 23: return DTypeInfo{"iq4_xs", 256, 136, false};
-    case 24: return DTypeInfo{"i8", 1, 1, false};
-    case 25: return DTypeInfo{"i16", 1, 2, false};
-    case 26: return DTypeInfo{"i32", 1, 4, false};
-    case 27: return DTypeInfo{"i64", 1, 8, false};
-    case 28: return DTypeInfo{"f64", 1, 8, false};
-    case 29: return DTypeInfo{"iq1_m", 256, 56, false};
-    case 30: return DTypeInfo{"bf16", 1, 2, true};
-    case 34: return DTypeInfo{"tq1_0", 256, 54, false};
-    case 35: return DTypeInfo{"tq2_0", 256, 66, false};
-    default: return std::nullopt;
+    case 0:
+      return DTypeInfo{"f32", 1, 4, true};
+    case 1:
+      return DTypeInfo{"f16", 1, 2, true};
+    case 2:
+      return DTypeInfo{"q4_0", 32, 18, true};
+    case 3:
+      return DTypeInfo{"q4_1", 32, 20, true};
+    case 6:
+      return DTypeInfo{"q5_0", 32, 22, true};
+    case 7:
+      return DTypeInfo{"q5_1", 32, 24, true};
+    case 8:
+      return DTypeInfo{"q8_0", 32, 34, true};
+    case 9:
+      return DTypeInfo{"q8_1", 32, 36, false};
+    case 10:
+      return DTypeInfo{"q2_k", 256, 84, true};
+    case 11:
+      return DTypeInfo{"q3_k", 256, 110, true};
+    case 12:
+      return DTypeInfo{"q4_k", 256, 144, true};
+    case 13:
+      return DTypeInfo{"q5_k", 256, 176, true};
+    case 14:
+      return DTypeInfo{"q6_k", 256, 210, true};
+    case 15:
+      return DTypeInfo{"q8_k", 256, 292, false};
+    case 16:
+      return DTypeInfo{"iq2_xxs", 256, 66, false};
+    case 17:
+      return DTypeInfo{"iq2_xs", 256, 74, false};
+    case 18:
+      return DTypeInfo{"iq3_xxs", 256, 98, false};
+    case 19:
+      return DTypeInfo{"iq1_s", 256, 50, false};
+    case 20:
+      return DTypeInfo{"iq4_nl", 32, 18, false};
+    case 21:
+      return DTypeInfo{"iq3_s", 256, 110, false};
+    case 22:
+      return DTypeInfo{"iq2_s", 256, 82, false};
+    case 23:
+      return DTypeInfo{"iq4_xs", 256, 136, false};
+    case 24:
+      return DTypeInfo{"i8", 1, 1, false};
+    case 25:
+      return DTypeInfo{"i16", 1, 2, false};
+    case 26:
+      return DTypeInfo{"i32", 1, 4, false};
+    case 27:
+      return DTypeInfo{"i64", 1, 8, false};
+    case 28:
+      return DTypeInfo{"f64", 1, 8, false};
+    case 29:
+      return DTypeInfo{"iq1_m", 256, 56, false};
+    case 30:
+      return DTypeInfo{"bf16", 1, 2, true};
+    case 34:
+      return DTypeInfo{"tq1_0", 256, 54, false};
+    case 35:
+      return DTypeInfo{"tq2_0", 256, 66, false};
+    default:
+      return std::nullopt;
   }
 }
 
@@ -89,7 +121,8 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&x, &f, 4);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (abs < 0x38800000u) {  // subnormal or zero in half
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);

@@ -37,7 +37,9 @@ struct DTypeInfo {
 
 // Describes a ggml type id, or nullopt for ids that GGUF does not define.
 std::optional<DTypeInfo> GetDTypeInfo(uint32_t ggml_type);
-inline DTypeInfo Info(DType t) { return *GetDTypeInfo(static_cast<uint32_t>(t)); }
+inline DTypeInfo Info(DType t) {
+  return *GetDTypeInfo(static_cast<uint32_t>(t));
+}
 std::string_view DTypeName(DType t);
 // Parses "f32", "q8_0", ... (case-insensitive); nullopt if unknown.
 std::optional<DType> ParseDType(std::string_view name);
@@ -66,8 +68,8 @@ struct BlockQ8_0 {
   int8_t qs[32];
 };
 struct BlockQ4_0 {
-  uint16_t d;       // f16 scale
-  uint8_t qs[16];   // value j in low nibble of qs[j], value j+16 in high nibble; q - 8
+  uint16_t d;      // f16 scale
+  uint8_t qs[16];  // value j in low nibble of qs[j], value j+16 in high nibble; q - 8
 };
 #pragma pack(pop)
 static_assert(sizeof(BlockQ8_0) == 34);

@@ -1,32 +1,10 @@
 #include "tokenizer/bpe.h"
 
-#include <queue>
-
+#include "tokenizer/merge.h"
 #include "tokenizer/unicode.h"
 
 namespace kvs {
 namespace {
-
-struct Symbol {
-  int32_t prev;
-  int32_t next;
-  uint32_t start;  // byte offset into the encoded word
-  uint32_t len;    // 0 once merged into its left neighbour
-};
-
-struct Bigram {
-  int32_t rank;
-  int32_t left;
-  int32_t right;
-  uint32_t len;  // of the merged text; a stale entry no longer matches its symbols' lengths
-};
-
-// Lowest rank first; among equal ranks (the same merge twice) the leftmost.
-struct BigramOrder {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-  }
-};
 
 // Byte-level token text -> the bytes it stands for. Code points outside GPT-2's mapping
 // (which a well-formed vocab does not have) are kept as their UTF-8.
@@ -137,43 +115,14 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
       return;
     }
   }
-  std::vector<Symbol> symbols;
-  symbols.reserve(word.size());
-  for (size_t pos = 0; pos < word.size();) {
-    const size_t len =
-        std::min(unicode::Utf8SeqLen(static_cast<uint8_t>(word[pos])), word.size() - pos);
-    const auto index = static_cast<int32_t>(symbols.size());
-    symbols.push_back(
-        Symbol{index - 1, index + 1, static_cast<uint32_t>(pos), static_cast<uint32_t>(len)});
-    pos += len;
-  }
-  symbols.back().next = -1;
-
+  std::vector<merge::Symbol> symbols = merge::SplitCharacters(word);
   std::string scratch;
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;
-  auto try_add = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const Symbol& l = symbols[left];
-    const Symbol& r = symbols[right];
-    const int32_t rank =
-        MergeRank(word.substr(l.start, l.len), word.substr(r.start, r.len), &scratch);
-    if (rank >= 0) queue.push(Bigram{rank, left, right, l.len + r.len});
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& left = symbols[b.left];
-    Symbol& right = symbols[b.right];
-    if (left.len == 0 || right.len == 0 || left.len + right.len != b.len) continue;
-    left.len += right.len;
-    right.len = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
+  merge::MergePairs(word, symbols,
+                    [&](std::string_view l, std::string_view r) -> std::optional<double> {
+                      const int32_t rank = MergeRank(l, r, &scratch);
+                      if (rank < 0) return std::nullopt;
+                      return -static_cast<double>(rank);  // lower rank merges first
+                    });
 
   for (int32_t i = 0; i >= 0; i = symbols[i].next) {
     const std::string_view piece = word.substr(symbols[i].start, symbols[i].len);

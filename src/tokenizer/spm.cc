@@ -1,8 +1,8 @@
 #include "tokenizer/spm.h"
 
 #include <cstdio>
-#include <queue>
 
+#include "tokenizer/merge.h"
 #include "tokenizer/unicode.h"
 
 namespace kvs {
@@ -33,27 +33,6 @@ std::string UnescapeSpaces(std::string_view text) {
   }
   return out;
 }
-
-struct Symbol {
-  int32_t prev;
-  int32_t next;
-  uint32_t start;  // byte offset into the normalized text
-  uint32_t len;    // 0 once merged into its left neighbour
-};
-
-struct Bigram {
-  float score;
-  int32_t left;
-  int32_t right;
-  uint32_t len;  // of the merged text; a stale entry no longer matches its symbols' lengths
-};
-
-// Highest score first; among equal scores the leftmost pair, as SentencePiece does.
-struct BigramOrder {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.score < b.score || (a.score == b.score && a.left > b.left);
-  }
-};
 
 }  // namespace
 
@@ -166,41 +145,14 @@ void SpmTokenizer::EncodeNormalized(std::string_view text, std::vector<int32_t>*
 
 void SpmTokenizer::EncodeSegment(std::string_view text, std::vector<int32_t>* out) const {
   if (text.empty()) return;
-  std::vector<Symbol> symbols;
-  symbols.reserve(text.size());
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t len =
-        std::min(unicode::Utf8SeqLen(static_cast<uint8_t>(text[pos])), text.size() - pos);
-    const auto index = static_cast<int32_t>(symbols.size());
-    symbols.push_back(
-        Symbol{index - 1, index + 1, static_cast<uint32_t>(pos), static_cast<uint32_t>(len)});
-    pos += len;
-  }
-  symbols.back().next = -1;
-
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;
-  auto try_add = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const uint32_t len = symbols[left].len + symbols[right].len;
-    const int32_t id = TokenId(text.substr(symbols[left].start, len));
-    if (id < 0) return;
-    queue.push(Bigram{scores_[id], left, right, len});
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& left = symbols[b.left];
-    Symbol& right = symbols[b.right];
-    if (left.len == 0 || right.len == 0 || left.len + right.len != b.len) continue;
-    left.len += right.len;
-    right.len = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
+  std::vector<merge::Symbol> symbols = merge::SplitCharacters(text);
+  // Adjacent symbols are adjacent in `text`, so their concatenation is one view.
+  merge::MergePairs(text, symbols,
+                    [&](std::string_view l, std::string_view r) -> std::optional<double> {
+                      const int32_t id = TokenId(std::string_view(l.data(), l.size() + r.size()));
+                      if (id < 0) return std::nullopt;
+                      return scores_[id];
+                    });
 
   for (int32_t i = 0; i >= 0; i = symbols[i].next) {
     const std::string_view piece = text.substr(symbols[i].start, symbols[i].len);

@@ -13,9 +13,9 @@ std::string TestModelPath(const std::string& relative);
 }  // namespace kvs::testing
 
 // Skips the current test with a clear message when the model file is missing.
-#define KVS_REQUIRE_MODEL(var, relative)                                              \
+#define KVS_REQUIRE_MODEL(var, relative)                                             \
   std::string var = ::kvs::testing::TestModelPath(relative);                         \
-  if (var.empty()) {                                                                  \
+  if (var.empty()) {                                                                 \
     GTEST_SKIP() << "test model " << (relative) << " not found under "               \
                  << ::kvs::testing::TestModelsDir() << " (set KVSERVE_TEST_MODELS)"; \
   }

@@ -1,8 +1,8 @@
 #include "testing/tiny_model.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <cmath>
 #include <random>
 
 #include "core/check.h"
@@ -29,9 +29,9 @@ void AddVocab(gguf::Writer& w) {
     scores.push_back(0);
     types.push_back(6);
   }
-  const char* words[] = {"▁", "e", "t", "a", "o", "n", "▁t", "he", "▁the", "▁a", "in", "s",
-                         "r", "h", "l", "d", "▁s", "▁w", "er", "an", "▁b", "ou", "it", "ll",
-                         "y", "▁o", "▁h", "▁i", "g", "m", "c", "."};
+  const char* words[] = {"▁",  "e",  "t", "a",  "o",  "n",  "▁t", "he", "▁the", "▁a", "in",
+                         "s",  "r",  "h", "l",  "d",  "▁s", "▁w", "er", "an",   "▁b", "ou",
+                         "it", "ll", "y", "▁o", "▁h", "▁i", "g",  "m",  "c",    "."};
   for (size_t i = 0; i < std::size(words); ++i) {
     tokens.push_back(words[i]);
     scores.push_back(-static_cast<float>(i));
@@ -68,9 +68,11 @@ gguf::Writer MakeTinyModelWriter(const TinyModelSpec& s) {
   w.Set(a + "attention.layer_norm_rms_epsilon", gguf::Value::Float32(1e-5f));
   AddVocab(w);
 
-  const uint64_t d = s.n_embd, V = kTinyVocab, qd = s.n_head * s.head_dim, kd = s.n_head_kv * s.head_dim;
+  const uint64_t d = s.n_embd, V = kTinyVocab, qd = s.n_head * s.head_dim,
+                 kd = s.n_head_kv * s.head_dim;
   auto matrix = [&](const std::string& name, uint64_t rows, uint64_t cols) {
-    w.AddTensorF32(name, {cols, rows}, s.weight_type, RandomVector(rng, rows * cols, 1.f / std::sqrt(float(cols))));
+    w.AddTensorF32(name, {cols, rows}, s.weight_type,
+                   RandomVector(rng, rows * cols, 1.f / std::sqrt(float(cols))));
   };
   auto norm = [&](const std::string& name, uint64_t n) {
     w.AddTensorF32(name, {n}, DType::kF32, RandomVector(rng, n, 0.1f, 1.f));
@@ -102,7 +104,9 @@ gguf::Writer MakeTinyModelWriter(const TinyModelSpec& s) {
   return w;
 }
 
-std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& spec) { return MakeTinyModelWriter(spec).Serialize(); }
+std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& spec) {
+  return MakeTinyModelWriter(spec).Serialize();
+}
 
 std::string WriteTinyModel(const TinyModelSpec& spec, const std::string& name) {
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "kvserve-test";
