@@ -15,6 +15,7 @@ Runner AddGenerateCommand(CLI::App& root);
 Runner AddTokenizeCommand(CLI::App& root);
 Runner AddInspectCommand(CLI::App& root);
 Runner AddPerplexityCommand(CLI::App& root);
+Runner AddBenchCommand(CLI::App& root);
 
 // The model to use when -m is absent: $KVSERVE_MODEL, else ../shared/models/stories260K.gguf,
 // else the copy the setup script downloads into ~/.cache/kvserve/models. Empty if none.

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   add(kvs::cli::AddTokenizeCommand(app));
   add(kvs::cli::AddInspectCommand(app));
   add(kvs::cli::AddPerplexityCommand(app));
+  add(kvs::cli::AddBenchCommand(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,9 @@
 // A fixed pool of worker threads that runs data-parallel loops. It is created once by the
 // frontend and passed explicitly to whatever needs it (never a global).
+//
+// A forward pass issues dozens of short loops per token, so waking a sleeping thread for
+// each would cost more than the work on small models: workers spin for a short while after
+// each loop, then fall back to sleeping on a condition variable.
 #pragma once
 
 #include <atomic>
@@ -24,7 +28,8 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Calls fn(thread_index, begin, end) over [0, n) split into size() contiguous ranges
-  // whose boundaries are multiples of `grain`. Blocks until every range is done.
+  // whose boundaries are multiples of `grain`. Blocks until every range is done. Not
+  // reentrant: one caller at a time.
   void ParallelFor(size_t n, size_t grain, const std::function<void(int, size_t, size_t)>& fn);
 
   static int DefaultThreadCount();
@@ -34,15 +39,15 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
+  // The job is published by bumping generation_ (release) after writing the fields below.
   const std::function<void(int, size_t, size_t)>* job_ = nullptr;
   size_t job_n_ = 0;
   size_t job_grain_ = 1;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;  // only for sleeping workers
+  std::condition_variable wake_cv_;
 };
 
 }  // namespace kvs

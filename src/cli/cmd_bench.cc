@@ -1,0 +1,150 @@
+// `kvserve bench speed`: prefill and decode tokens/s, like llama-bench's pp/tg tests.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/thread_pool.h"
+#include "model/forward.h"
+
+namespace kvs::cli {
+namespace {
+
+struct SpeedArgs {
+  std::string model;
+  int32_t n_prompt = 512;
+  int32_t n_gen = 128;
+  int32_t threads = ThreadPool::DefaultThreadCount();
+  int32_t reps = 5;
+  bool json = false;
+};
+
+struct MeanStd {
+  double mean = 0, stddev = 0;
+};
+
+MeanStd Summarize(const std::vector<double>& v) {
+  MeanStd s;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= v.size();
+  if (v.size() > 1) {
+    double var = 0;
+    for (double x : v) var += (x - s.mean) * (x - s.mean);
+    s.stddev = std::sqrt(var / (v.size() - 1));
+  }
+  return s;
+}
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int RunSpeed(const SpeedArgs& a) {
+  std::string path = a.model;
+  if (!ResolveModelPath(path)) return 1;
+  auto model = Model::Load(path);
+  if (!model) {
+    std::fprintf(stderr, "error: %s\n", model.error().c_str());
+    return 1;
+  }
+  const ModelConfig& c = (*model)->config();
+  ThreadPool pool(a.threads);
+  ForwardPass forward(**model, pool);
+  const int32_t n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
+  SimpleKvCache cache(c, n_ctx);
+  std::vector<float> logits(c.n_vocab);
+  // Random tokens, as llama-bench uses: the content does not change the work done.
+  std::mt19937 rng(1234);
+  std::vector<int32_t> prompt(std::max(a.n_prompt, 1));
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % c.n_vocab);
+
+  std::vector<double> pp, tg;
+  // One untimed warm-up of each test pages the weights in and sizes the buffers.
+  for (int32_t rep = -1; rep < a.reps; ++rep) {
+    if (a.n_prompt > 0) {
+      auto t0 = std::chrono::steady_clock::now();
+      Status st = forward.Run(prompt.data(), a.n_prompt, 0, cache, 1, logits.data());
+      if (!st.ok()) {
+        std::fprintf(stderr, "error: %s\n", st.message().c_str());
+        return 1;
+      }
+      if (rep >= 0) pp.push_back(a.n_prompt / Seconds(t0));
+    }
+    if (a.n_gen > 0) {
+      auto t0 = std::chrono::steady_clock::now();
+      int32_t token = prompt[0];
+      for (int32_t i = 0; i < a.n_gen; ++i) {
+        Status st = forward.Run(&token, 1, i, cache, 1, logits.data());
+        if (!st.ok()) {
+          std::fprintf(stderr, "error: %s\n", st.message().c_str());
+          return 1;
+        }
+        token = static_cast<int32_t>(rng() % c.n_vocab);
+      }
+      if (rep >= 0) tg.push_back(a.n_gen / Seconds(t0));
+    }
+    if (!a.json && rep >= 0) std::fprintf(stderr, "rep %d/%d done\n", rep + 1, a.reps);
+  }
+  MeanStd p = Summarize(pp), g = Summarize(tg);
+  const double bytes = static_cast<double>((*model)->WeightBytesPerToken());
+  if (a.json) {
+    nlohmann::json j = {{"model", path},
+                        {"n_threads", a.threads},
+                        {"reps", a.reps},
+                        {"pp_tokens", a.n_prompt},
+                        {"pp_tps", p.mean},
+                        {"pp_tps_stddev", p.stddev},
+                        {"tg_tokens", a.n_gen},
+                        {"tg_tps", g.mean},
+                        {"tg_tps_stddev", g.stddev},
+                        {"weight_bytes_per_token", bytes},
+                        {"tg_gbps", g.mean * bytes / 1e9}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("| model | threads | test | t/s |\n|---|---|---|---|\n");
+    if (a.n_prompt > 0) {
+      std::printf("| %s | %d | pp%d | %.2f ± %.2f |\n", c.name.c_str(), a.threads, a.n_prompt,
+                  p.mean, p.stddev);
+    }
+    if (a.n_gen > 0) {
+      std::printf("| %s | %d | tg%d | %.2f ± %.2f |\n", c.name.c_str(), a.threads, a.n_gen, g.mean,
+                  g.stddev);
+      std::printf("decode reads %.3f GB of weights per token: %.1f GB/s\n", bytes / 1e9,
+                  g.mean * bytes / 1e9);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner AddBenchCommand(CLI::App& root) {
+  CLI::App* bench = root.add_subcommand("bench", "Benchmarks (speed)");
+  bench->require_subcommand(1);
+  auto a = std::make_shared<SpeedArgs>();
+  CLI::App* speed = bench->add_subcommand("speed", "Prefill and decode tokens/s, like llama-bench");
+  speed->add_option("-m,--model", a->model, "GGUF model file");
+  speed->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens for the prefill test (0: skip)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  speed->add_option("-n,--n-gen", a->n_gen, "Tokens for the decode test (0: skip)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  speed->add_option("-t,--threads", a->threads, "Threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  speed->add_option("-r,--repetitions", a->reps, "Repetitions of each test")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  speed->add_flag("--json", a->json, "Print one JSON object");
+  return [a, speed]() -> int {
+    if (!speed->parsed()) return 1;
+    return RunSpeed(*a);
+  };
+}
+
+}  // namespace kvs::cli
