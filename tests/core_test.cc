@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <vector>
 
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -89,6 +90,18 @@ TEST(Ops, RopeModesRotateTheRightPairs) {
   EXPECT_NEAR(normal[2], neox[1], 1e-6);
   EXPECT_NEAR(normal[3], neox[3], 1e-6);
   EXPECT_NEAR(normal[1], std::sin(1.0), 1e-6);
+}
+
+TEST(Ops, DotMatchesScalarTwinForEveryTail) {
+  std::vector<float> a(300), b(300);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = std::sin(0.37f * i);
+    b[i] = std::cos(0.11f * i) - 0.2f;
+  }
+  for (int64_t n : {0, 1, 7, 15, 16, 17, 31, 32, 33, 64, 100, 255, 300}) {
+    float ref = DotF32Reference(a.data(), b.data(), n);
+    EXPECT_NEAR(DotF32(a.data(), b.data(), n), ref, 1e-4f * (1 + std::fabs(ref))) << "n=" << n;
+  }
 }
 
 TEST(Ops, SoftmaxSumsToOne) {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/simd.h"
+
 namespace kvs {
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -57,10 +59,35 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+float DotF32Reference(const float* a, const float* b, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(a[i]) * b[i];
+  return static_cast<float>(sum);
+}
+
+// The compiler may not reorder a float reduction on its own, so the vector form is explicit.
 float DotF32(const float* a, const float* b, int64_t n) {
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) sum[k] += a[i + k] * b[i + k];
+  }
+  for (; i < n; ++i) sum[0] += a[i] * b[i];
+  return ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
+#endif
 }
 
 void Axpy(float a, const float* x, float* y, int64_t n) {

@@ -32,6 +32,8 @@ void Softmax(float* x, int64_t n);
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 
 float DotF32(const float* a, const float* b, int64_t n);
+// Scalar twin of DotF32 (double accumulation), for tests.
+float DotF32Reference(const float* a, const float* b, int64_t n);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
 // y += x
