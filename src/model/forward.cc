@@ -65,6 +65,17 @@ Status ForwardPass::Run(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKv
   return Status::Ok();
 }
 
+template <typename Fn>
+void ForwardPass::ForEachToken(int32_t n, const Fn& fn) {
+  if (n == 1) {
+    fn(0);
+    return;
+  }
+  pool_.ParallelFor(static_cast<size_t>(n), 1, [&](int, size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) fn(static_cast<int32_t>(i));
+  });
+}
+
 void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache) {
   const ModelWeights& w = model_.weights();
   const int32_t d = c_.n_embd;
@@ -82,14 +93,14 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
 
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     const LayerWeights& L = w.layers[l];
-    for (int32_t i = 0; i < n; ++i) {
+    ForEachToken(n, [&](int32_t i) {
       RmsNorm(x + static_cast<size_t>(i) * d, L.attn_norm.data(), d, c_.rms_eps,
               xn + static_cast<size_t>(i) * d);
-    }
+    });
     MatMul(L.wq, xn, n, q_.data(), pool_);
     MatMul(L.wk, xn, n, k_.data(), pool_);
     MatMul(L.wv, xn, n, v_.data(), pool_);
-    for (int32_t i = 0; i < n; ++i) {
+    ForEachToken(n, [&](int32_t i) {
       float* qi = q_.data() + static_cast<size_t>(i) * c_.q_dim();
       float* ki = k_.data() + static_cast<size_t>(i) * c_.k_dim();
       float* vi = v_.data() + static_cast<size_t>(i) * c_.v_dim();
@@ -109,18 +120,21 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
       }
       std::copy(ki, ki + c_.k_dim(), cache.k(l, pos0 + i));
       std::copy(vi, vi + c_.v_dim(), cache.v(l, pos0 + i));
-    }
+    });
     Attention(l, n, pos0, cache);
     MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
 
-    for (int32_t i = 0; i < n; ++i) {
+    ForEachToken(n, [&](int32_t i) {
       RmsNorm(x + static_cast<size_t>(i) * d, L.ffn_norm.data(), d, c_.rms_eps,
               xn + static_cast<size_t>(i) * d);
-    }
+    });
     MatMul(L.w_gate, xn, n, gate_.data(), pool_);
     MatMul(L.w_up, xn, n, up_.data(), pool_);
-    SwiGlu(gate_.data(), up_.data(), gate_.data(), static_cast<int64_t>(n) * c_.n_ff);
+    ForEachToken(n, [&](int32_t i) {
+      float* g = gate_.data() + static_cast<size_t>(i) * c_.n_ff;
+      SwiGlu(g, up_.data() + static_cast<size_t>(i) * c_.n_ff, g, c_.n_ff);
+    });
     MatMul(L.w_down, gate_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
   }

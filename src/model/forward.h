@@ -28,6 +28,9 @@ class ForwardPass {
   void RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache);
   void Attention(int32_t layer, int32_t n, int32_t pos0, SimpleKvCache& cache);
   void Reserve(int32_t n, int32_t n_ctx);
+  // Runs fn(i) for every token of the ubatch, split over the pool when there are several.
+  template <typename Fn>
+  void ForEachToken(int32_t n, const Fn& fn);
 
   const Model& model_;
   const ModelConfig& c_;
