@@ -14,7 +14,7 @@ struct GenerateArgs {
   std::string prompt;
   std::string prompt_file;
   int32_t n_predict = 128;
-  int32_t n_ctx = 0;
+  int32_t n_ctx = 4096;
   int32_t threads = ThreadPool::DefaultThreadCount();
   int64_t seed = -1;
   bool ignore_eos = false;

@@ -1,6 +1,8 @@
 #include "engine/generate.h"
 
+#include <unistd.h>
 #include <algorithm>
+
 #include <chrono>
 
 #include "model/forward.h"
@@ -25,8 +27,19 @@ Expected<GenerateStats> Generate(const Model& model, const std::vector<int32_t>&
   }
   int32_t budget = n_ctx - static_cast<int32_t>(prompt.size());
   if (options.n_predict >= 0) budget = std::min(budget, options.n_predict);
+  // The cache holds only what this request can use, not the whole context window.
+  const int32_t cache_tokens = static_cast<int32_t>(prompt.size()) + budget;
+  const double cache_bytes =
+      static_cast<double>(sizeof(float)) * c.n_layer * (c.k_dim() + c.v_dim()) * cache_tokens;
+  const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  if (ram > 0 && cache_bytes > 0.75 * ram) {
+    return Status::Error(
+        StrFormat("a KV cache for %d tokens needs %.1f GiB, more than this machine has; "
+                  "lower -c or -n",
+                  cache_tokens, cache_bytes / (1 << 30)));
+  }
 
-  SimpleKvCache cache(c, n_ctx);
+  SimpleKvCache cache(c, cache_tokens);
   ForwardPass forward(model, pool);
   Sampler sampler(options.sampling, c.n_vocab);
   std::vector<float> logits(c.n_vocab);

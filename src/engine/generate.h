@@ -14,7 +14,7 @@ namespace kvs {
 
 struct GenerateOptions {
   int32_t n_predict = 128;  // tokens to generate at most (-1: until EOS or the context is full)
-  int32_t n_ctx = 0;        // context size; 0 = the model's training context
+  int32_t n_ctx = 4096;     // context size; 0 = the model's training context
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after any of these (EOS and friends)
 };
