@@ -1,9 +1,11 @@
 // Weight formats and MatMul against their scalar twins.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -260,10 +262,34 @@ TEST(Quantize, MatrixQuantizesEachRow) {
 // ---------------------------------------------------------------------------------------------
 // MatMul
 
-const DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+const DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                           DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+// Formats whose kernels may round the activations to Q8_0 first.
+const DType kBlockTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0,
+                             DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+const DType kKQuantTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 bool IsBlockType(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0;
+  return std::find(std::begin(kBlockTypes), std::end(kBlockTypes), t) != std::end(kBlockTypes);
+}
+
+bool IsKQuant(DType t) {
+  return std::find(std::begin(kKQuantTypes), std::end(kKQuantTypes), t) != std::end(kKQuantTypes);
+}
+
+// K-quants run against Q8_0 activations only where matmul_kquant.cc has its AVX-512 kernel;
+// other builds dequantize their rows and multiply f32 activations.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+constexpr bool kKQuantsQuantizeActivations = true;
+#else
+constexpr bool kKQuantsQuantizeActivations = false;
+#endif
+
+// K-quant rows are whole 256-value super-blocks; tests written for other widths take the next
+// multiple of 256 for them.
+int64_t ColsFor(DType t, int64_t cols) {
+  return IsKQuant(t) ? (cols + 255) / 256 * 256 : cols;
 }
 
 struct TestMatrix {
@@ -359,7 +385,15 @@ TEST(MatMul, BlockTypesMatchReference) {
   // odd number of blocks (the kernels work on block pairs).
   const std::vector<Shape> shapes = {{1, 32},   {7, 32},   {5, 64},   {17, 96},
                                      {33, 160}, {64, 256}, {3, 4128}, {18, 4096}};
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) CheckShapes(t, shapes, {1, 3, 8, 17});
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0}) CheckShapes(t, shapes, {1, 3, 8, 17});
+}
+
+TEST(MatMul, KQuantTypesMatchReference) {
+  // Rows that are not multiples of the register tiles (4, decode 8) or the thread grain (16).
+  const std::vector<Shape> shapes = {{1, 256},  {7, 256},  {5, 512},   {17, 512},
+                                     {33, 768}, {64, 256}, {3, 2048},  {18, 2304},
+                                     {9, 4096}, {41, 256}, {24, 1024}, {2, 8192}};
+  for (DType t : kKQuantTypes) CheckShapes(t, shapes, {1, 3, 8, 17});
 }
 
 TEST(MatMul, FloatTypesMatchReference) {
@@ -377,8 +411,9 @@ TEST(MatMul, LargeMatrices) {
 // approximate: what remains is f32 rounding of scales and sums.
 TEST(MatMul, BlockTypesAreExactOnQ8_0Activations) {
   ThreadPool pool(2);
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
-    for (Shape s : std::vector<Shape>{{13, 32}, {21, 96}, {40, 2048}}) {
+  for (DType t : kBlockTypes) {
+    if (IsKQuant(t) && !kKQuantsQuantizeActivations) continue;
+    for (Shape s : std::vector<Shape>{{13, ColsFor(t, 32)}, {21, ColsFor(t, 96)}, {40, 2048}}) {
       SCOPED_TRACE(std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.cols));
       const int64_t n = 5;
@@ -399,9 +434,10 @@ TEST(MatMul, BlockTypesAreExactOnQ8_0Activations) {
 
 TEST(MatMul, BatchedEqualsOneTokenAtATime) {
   ThreadPool pool(2);
-  const int64_t rows = 37, cols = 160, n = 11;
+  const int64_t rows = 37, n = 11;
   for (DType t : kAllTypes) {
     SCOPED_TRACE(std::string(DTypeName(t)));
+    const int64_t cols = ColsFor(t, 160);
     TestMatrix m = MakeMatrix(t, rows, cols, 9);
     std::vector<float> x = Activations(n, cols, 10);
     std::vector<float> batched(static_cast<size_t>(n * rows)), single(batched.size());
@@ -414,9 +450,10 @@ TEST(MatMul, BatchedEqualsOneTokenAtATime) {
 
 TEST(MatMul, HonoursRowStride) {
   ThreadPool pool(2);
-  const int64_t rows = 19, cols = 96, n = 3;
+  const int64_t rows = 19, n = 3;
   for (DType t : kAllTypes) {
     SCOPED_TRACE(std::string(DTypeName(t)));
+    const int64_t cols = ColsFor(t, 96);
     TestMatrix packed = MakeMatrix(t, rows, cols, 11);
     TestMatrix padded = MakeMatrix(t, rows, cols, 11, /*pad=*/40);
     std::vector<float> x = Activations(n, cols, 12);
@@ -429,9 +466,10 @@ TEST(MatMul, HonoursRowStride) {
 
 TEST(MatMul, ZeroInputsGiveExactZeros) {
   ThreadPool pool(1);
-  const int64_t rows = 6, cols = 64, n = 2;
+  const int64_t rows = 6, n = 2;
   for (DType t : kAllTypes) {
     SCOPED_TRACE(std::string(DTypeName(t)));
+    const int64_t cols = ColsFor(t, 64);
     std::vector<float> zeros(static_cast<size_t>(rows * cols), 0.0f);
     std::vector<uint8_t> wz = QuantizeMatrix(t, zeros.data(), rows, cols);
     TestMatrix m = MakeMatrix(t, rows, cols, 13);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/aligned.h"
 #include "core/thread_pool.h"
 #include "model/forward.h"
 
@@ -120,10 +121,46 @@ int RunSpeed(const SpeedArgs& a) {
   return 0;
 }
 
+// Read bandwidth: every thread sums its share of a buffer far larger than the caches, the
+// same access pattern as decode streaming the weights. Best of several passes.
+int RunBandwidth(int32_t threads, int32_t size_mib, bool json) {
+  const size_t n = static_cast<size_t>(size_mib) << 18;  // floats
+  AlignedPtr<float> buf = AllocateAligned<float>(n);
+  ThreadPool pool(threads);
+  pool.ParallelFor(n, 1 << 14, [&](int, size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) buf[i] = static_cast<float>(i & 1023);
+  });
+  std::vector<double> sums(threads);
+  double best = 0;
+  for (int pass = 0; pass < 8; ++pass) {
+    auto t0 = std::chrono::steady_clock::now();
+    pool.ParallelFor(n, 1 << 14, [&](int t, size_t b, size_t e) {
+      float acc[16] = {};
+      for (size_t i = b; i + 16 <= e; i += 16) {
+        for (int k = 0; k < 16; ++k) acc[k] += buf[i + k];
+      }
+      double total = 0;
+      for (float v : acc) total += v;
+      sums[t] += total;  // keeps the loads alive
+    });
+    best = std::max(best, n * sizeof(float) / Seconds(t0) / 1e9);
+  }
+  if (json) {
+    std::printf("%s\n",
+                nlohmann::json{{"threads", threads}, {"buffer_mib", size_mib}, {"read_gbps", best}}
+                    .dump()
+                    .c_str());
+  } else {
+    std::printf("read bandwidth, %d thread(s), %d MiB buffer: %.1f GB/s (checksum %g)\n", threads,
+                size_mib, best, sums[0]);
+  }
+  return 0;
+}
+
 }  // namespace
 
 Runner AddBenchCommand(CLI::App& root) {
-  CLI::App* bench = root.add_subcommand("bench", "Benchmarks (speed)");
+  CLI::App* bench = root.add_subcommand("bench", "Benchmarks (speed, bandwidth)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand("speed", "Prefill and decode tokens/s, like llama-bench");
@@ -141,7 +178,23 @@ Runner AddBenchCommand(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   speed->add_flag("--json", a->json, "Print one JSON object");
-  return [a, speed]() -> int {
+  struct BandwidthArgs {
+    int32_t threads = ThreadPool::DefaultThreadCount();
+    int32_t size_mib = 1024;
+    bool json = false;
+  };
+  auto bw = std::make_shared<BandwidthArgs>();
+  CLI::App* bandwidth =
+      bench->add_subcommand("bandwidth", "Memory read bandwidth (the decode roofline)");
+  bandwidth->add_option("-t,--threads", bw->threads, "Threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  bandwidth->add_option("--size-mib", bw->size_mib, "Buffer size in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(64, 65536));
+  bandwidth->add_flag("--json", bw->json, "Print one JSON object");
+  return [a, speed, bw, bandwidth]() -> int {
+    if (bandwidth->parsed()) return RunBandwidth(bw->threads, bw->size_mib, bw->json);
     if (!speed->parsed()) return 1;
     return RunSpeed(*a);
   };

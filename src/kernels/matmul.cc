@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/ops.h"
+#include "tensor/kquants.h"
 #include "tensor/quantize.h"
 
 namespace kvs {
@@ -25,14 +26,30 @@ constexpr size_t kBlockBytes = 192 * 1024;
 
 // Scratch for quantized activations, kept per calling thread so that decode, which calls
 // MatMul several times per layer, does not allocate.
-ActPair* ActScratch(size_t n_pairs) {
-  thread_local AlignedPtr<ActPair> buffer;
+template <class T>
+T* ActScratch(size_t n) {
+  thread_local AlignedPtr<T> buffer;
   thread_local size_t capacity = 0;
-  if (n_pairs > capacity) {
-    buffer = AllocateAligned<ActPair>(n_pairs);
-    capacity = n_pairs;
+  if (n > capacity) {
+    buffer = AllocateAligned<T>(n);
+    capacity = n;
   }
   return buffer.get();
+}
+
+// Quantizes each token's activations with quantize(t), on the pool when that pays.
+template <class Fn>
+void QuantizeTokens(int64_t n_tokens, ThreadPool& pool, const Fn& quantize) {
+  auto range = [&](int, size_t begin, size_t end) {
+    for (size_t t = begin; t < end; ++t) quantize(static_cast<int64_t>(t));
+  };
+  // One token quantizes in well under a microsecond per 4k values; waking the pool for it
+  // would cost more than it saves.
+  if (n_tokens >= 8) {
+    pool.ParallelFor(static_cast<size_t>(n_tokens), 1, range);
+  } else {
+    range(0, 0, static_cast<size_t>(n_tokens));
+  }
 }
 
 // Runs kernel(r0, r1, t0, t1) over all rows and tokens, rows split over the pool.
@@ -66,28 +83,22 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
   KVS_CHECK(w.row_bytes >= RowBytes(w.type, static_cast<size_t>(w.cols)));
   switch (w.type) {
     case DType::kQ8_0:
-    case DType::kQ4_0: {
+    case DType::kQ4_0:
+    case DType::kQ5_0: {
       KVS_CHECK(w.cols % 32 == 0);
-      const bool q8 = w.type == DType::kQ8_0;
-      const int32_t code_offset =
-          q8 ? matmul_internal::kCodeOffsetQ8_0 : matmul_internal::kCodeOffsetQ4_0;
+      const int32_t code_offset = w.type == DType::kQ8_0   ? matmul_internal::kCodeOffsetQ8_0
+                                  : w.type == DType::kQ4_0 ? matmul_internal::kCodeOffsetQ4_0
+                                                           : matmul_internal::kCodeOffsetQ5_0;
       const int64_t n_pairs = (w.cols / 32 + 1) / 2;
-      ActPair* acts = ActScratch(static_cast<size_t>(n_tokens * n_pairs));
-      auto quantize = [&](int, size_t begin, size_t end) {
-        for (size_t t = begin; t < end; ++t) {
-          matmul_internal::QuantizeActivations(x + t * w.cols, w.cols, code_offset,
-                                               acts + t * n_pairs);
-        }
-      };
-      // One token quantizes in well under a microsecond per 4k values; waking the pool for it
-      // would cost more than it saves.
-      if (n_tokens >= 8) {
-        pool.ParallelFor(static_cast<size_t>(n_tokens), 1, quantize);
-      } else {
-        quantize(0, 0, static_cast<size_t>(n_tokens));
-      }
+      ActPair* acts = ActScratch<ActPair>(static_cast<size_t>(n_tokens * n_pairs));
+      QuantizeTokens(n_tokens, pool, [&](int64_t t) {
+        matmul_internal::QuantizeActivations(x + t * w.cols, w.cols, code_offset,
+                                             acts + t * n_pairs);
+      });
       const matmul_internal::QuantizedActs a{acts, n_pairs};
-      auto* rows_fn = q8 ? matmul_internal::MatMulRowsQ8_0 : matmul_internal::MatMulRowsQ4_0;
+      auto* rows_fn = w.type == DType::kQ8_0   ? matmul_internal::MatMulRowsQ8_0
+                      : w.type == DType::kQ4_0 ? matmul_internal::MatMulRowsQ4_0
+                                               : matmul_internal::MatMulRowsQ5_0;
       ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         rows_fn(w, r0, r1, a, t0, t1, out, w.rows);
       });
@@ -100,9 +111,28 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
         matmul_internal::MatMulRowsFloat(w, r0, r1, x, t0, t1, out, w.rows);
       });
       return;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      if (matmul_internal::KQuantKernelAvailable(w.type)) {
+        KVS_CHECK(w.cols % kSuperBlock == 0);
+        const int64_t n_blocks = w.cols / kSuperBlock;
+        auto* acts =
+            ActScratch<matmul_internal::KActBlock>(static_cast<size_t>(n_tokens * n_blocks));
+        const matmul_internal::KActOrder order = matmul_internal::KActOrderFor(w.type);
+        QuantizeTokens(n_tokens, pool, [&](int64_t t) {
+          matmul_internal::QuantizeActivationsK(x + t * w.cols, w.cols, order, acts + t * n_blocks);
+        });
+        const matmul_internal::KQuantizedActs a{acts, n_blocks};
+        ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+          matmul_internal::MatMulRowsKQuant(w, r0, r1, a, t0, t1, out, w.rows);
+        });
+        return;
+      }
+      [[fallthrough]];
     default:
-      // Formats without a SIMD kernel yet (K-quants, Q4_1, Q5_x): dequantize each row once
-      // and reuse it for every token.
+      // Formats without an integer kernel (Q2_K, Q3_K, Q4_1, Q5_1; K-quants without AVX-512):
+      // dequantize each row once and reuse it for every token.
       ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         MatMulRowsDequantized(w, r0, r1, x, t0, t1, out);
       });

@@ -20,12 +20,14 @@ struct alignas(64) ActPair {
 };
 static_assert(sizeof(ActPair) == 192);
 
-// Weight codes enter dpbusd as unsigned bytes: Q4_0 nibbles as stored (code = value + 8),
-// Q8_0 values xor 0x80 (code = value + 128). Starting each lane at -offset times the sum of its
-// own four activations cancels the offset exactly per lane, so every lane holds the true partial
-// dot product and the f32 accumulation rounds no more than it would without the offset.
+// Weight codes enter dpbusd as unsigned bytes: Q4_0 nibbles as stored (code = value + 8), Q5_0
+// nibbles with their fifth bit (code = value + 16), Q8_0 values xor 0x80 (code = value + 128).
+// Starting each lane at -offset times the sum of its own four activations cancels the offset
+// exactly per lane, so every lane holds the true partial dot product and the f32 accumulation
+// rounds no more than it would without the offset.
 inline constexpr int32_t kCodeOffsetQ8_0 = 128;
 inline constexpr int32_t kCodeOffsetQ4_0 = 8;
+inline constexpr int32_t kCodeOffsetQ5_0 = 16;
 
 // Quantized activations of n_tokens tokens; token t starts at pairs + t * n_pairs.
 struct QuantizedActs {
@@ -45,8 +47,42 @@ void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const Quantized
                     int64_t t1, float* out, int64_t out_stride);
 void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a, int64_t t0,
                     int64_t t1, float* out, int64_t out_stride);
+void MatMulRowsQ5_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a, int64_t t0,
+                    int64_t t1, float* out, int64_t out_stride);
 // x is [tokens][w.cols] f32.
 void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,
                      int64_t t1, float* out, int64_t out_stride);
+
+// Activations for the K-quant kernels (matmul_kquant.cc): one 256-value super-block of one
+// token, quantized to Q8_0 exactly as QuantizeActivations does, and laid out as four 64-value
+// dpbusd operands, in the order in which the weight format unpacks its codes.
+enum class KActOrder {
+  kNatural = 0,  // Q6_K: vector k holds values 64k..64k+63
+  kPaired = 1,   // Q4_K, Q5_K: vectors hold sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+};
+struct alignas(64) KActBlock {
+  int8_t qs[4][64];
+  float scale[4][16];   // each dpbusd lane's activation scale
+  int32_t bias[4][16];  // -32 * (sum of the lane's four qs), for Q6_K's offset codes
+  float xsum[16];       // lanes 8 + j: scale * (sum of qs) of sub-block j; lanes 0-7 zero
+};
+static_assert(sizeof(KActBlock) == 832);
+
+struct KQuantizedActs {
+  const KActBlock* blocks = nullptr;
+  int64_t n_blocks = 0;  // per token: cols / 256
+  const KActBlock* token(int64_t t) const { return blocks + t * n_blocks; }
+};
+
+// Whether this build has an integer kernel for weight type t (Q4_K, Q5_K, Q6_K with AVX-512).
+bool KQuantKernelAvailable(DType t);
+inline KActOrder KActOrderFor(DType t) {
+  return t == DType::kQ6_K ? KActOrder::kNatural : KActOrder::kPaired;
+}
+// Quantizes one token's cols values (a multiple of 256) into cols / 256 blocks.
+void QuantizeActivationsK(const float* x, int64_t cols, KActOrder order, KActBlock* dst);
+// Like the tile kernels above; w.type must be one KQuantKernelAvailable accepts.
+void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuantizedActs& a,
+                      int64_t t0, int64_t t1, float* out, int64_t out_stride);
 
 }  // namespace kvs::matmul_internal

@@ -1,6 +1,6 @@
-// Q8_0 and Q4_0 weights times activations quantized to Q8_0: integer dot products per 32-value
-// block, scaled and summed in f32 (the scheme ggml uses, so numerics are comparable with the
-// peer's).
+// Q8_0, Q4_0 and Q5_0 weights times activations quantized to Q8_0: integer dot products per
+// 32-value block, scaled and summed in f32 (the scheme ggml uses, so numerics are comparable with
+// the peer's).
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "kernels/matmul_internal.h"
 #include "tensor/dtype.h"
+#include "tensor/kquants.h"
 #include "tensor/quantize.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
@@ -164,6 +165,40 @@ struct Q4_0Format {
   }
 };
 
+// Q5_0 is Q4_0 with a fifth bit per value: bit j of qh is bit 4 of value j, and in the
+// unpacked pair value j of the first block is byte j, of the second byte 32 + j.
+struct Q5_0Format {
+  using Block = BlockQ5_0;
+  static __m512i Codes(const Block* b) {
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[0].qs)));
+    v = _mm512_mask_broadcast_i32x4(v, 0xff00,
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[1].qs)));
+    return HighBits(Q4_0Format::Nibbles(v), QhBits(b[0]) | (QhBits(b[1]) << 32));
+  }
+  static __m512i CodesLast(const Block* b) {
+    const __m512i v = Q4_0Format::Nibbles(_mm512_maskz_broadcast_i32x4(
+        0x00ff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[0].qs))));
+    return HighBits(v, QhBits(b[0]));
+  }
+  static uint64_t QhBits(const Block& b) {
+    uint32_t qh;
+    std::memcpy(&qh, b.qh, 4);
+    return qh;
+  }
+  static __m512i HighBits(__m512i v, uint64_t qh) {
+    return _mm512_mask_add_epi8(v, _cvtu64_mask64(qh), v, _mm512_set1_epi8(16));
+  }
+  // The 32 bytes at b hold d0 as word 0 and d1 as word 11 (blocks are 22 bytes).
+  static __m512 Scales(const Block* b) {
+    return Widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  }
+  static __m512 ScalesLast(const Block* b) { return Widen(_mm256_maskz_loadu_epi16(1, b)); }
+  static __m512 Widen(__m256i raw) {
+    const __m256i idx = _mm256_set_epi16(11, 11, 11, 11, 11, 11, 11, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, raw));
+  }
+};
+
 // Left alone, GCC folds activation loads into each of the R instructions that use them, issuing
 // the same load R times, and loads then limit the tile.
 template <class V>
@@ -285,6 +320,16 @@ struct Q4_0Format {
   }
 };
 
+struct Q5_0Format {
+  using Block = BlockQ5_0;
+  static int Value(const Block& b, int j) {
+    uint32_t qh;
+    std::memcpy(&qh, b.qh, 4);
+    const int low = j < 16 ? (b.qs[j] & 0x0f) : (b.qs[j - 16] >> 4);
+    return (low | (((qh >> j) & 1) << 4)) - 16;
+  }
+};
+
 template <class F>
 void Rows(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a, int64_t t0,
           int64_t t1, float* out, int64_t out_stride) {
@@ -318,6 +363,11 @@ void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const Quantized
 void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a, int64_t t0,
                     int64_t t1, float* out, int64_t out_stride) {
   Rows<Q4_0Format>(w, r0, r1, a, t0, t1, out, out_stride);
+}
+
+void MatMulRowsQ5_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a, int64_t t0,
+                    int64_t t1, float* out, int64_t out_stride) {
+  Rows<Q5_0Format>(w, r0, r1, a, t0, t1, out, out_stride);
 }
 
 }  // namespace kvs::matmul_internal
