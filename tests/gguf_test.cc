@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
 #include "tensor/quantize.h"
@@ -119,6 +121,22 @@ TEST(GgufRealFiles, ReadsStories260K) {
   ASSERT_NE(emb, nullptr);
   EXPECT_EQ(emb->dims, (std::vector<uint64_t>{64, 512}));
   EXPECT_EQ(emb->type, DType::kF32);
+}
+
+TEST(GgufRealFiles, MappedAndReadFilesHoldTheSameBytes) {
+  KVS_REQUIRE_MODEL(path, "stories260K.gguf");
+  auto mapped = File::Open(path, LoadMode::kMap);
+  auto read = File::Open(path, LoadMode::kRead);
+  ASSERT_TRUE(mapped.ok()) << mapped.error();
+  ASSERT_TRUE(read.ok()) << read.error();
+  ASSERT_EQ((*mapped)->tensors().size(), (*read)->tensors().size());
+  for (size_t i = 0; i < (*mapped)->tensors().size(); ++i) {
+    const TensorInfo& a = (*mapped)->tensors()[i];
+    const TensorInfo& b = (*read)->tensors()[i];
+    ASSERT_EQ(a.name, b.name);
+    ASSERT_NE(a.data, b.data);
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.n_bytes), 0) << a.name;
+  }
 }
 
 TEST(GgufRealFiles, ReadsF16RandomLlama) {

@@ -28,10 +28,15 @@ struct TensorInfo {
   uint64_t rows() const { return dims.empty() ? 1 : n_elements / dims[0]; }
 };
 
+// kMap maps the file (pages load on first touch and are shared with the page cache);
+// kRead copies it into anonymous huge-page memory, which streams faster during decode.
+enum class LoadMode { kMap, kRead };
+
 class File {
  public:
-  // Maps and parses `path`.
-  static Expected<std::unique_ptr<File>> Open(const std::string& path);
+  // Maps (or reads) and parses `path`.
+  static Expected<std::unique_ptr<File>> Open(const std::string& path,
+                                              LoadMode mode = LoadMode::kMap);
   // Parses an in-memory image (tests); the bytes are owned by the File.
   static Expected<std::unique_ptr<File>> FromBytes(std::vector<uint8_t> bytes);
 

@@ -64,8 +64,8 @@ class TensorLoader {
 
 }  // namespace
 
-Expected<std::unique_ptr<Model>> Model::Load(const std::string& path) {
-  KVS_ASSIGN_OR_RETURN(auto file, gguf::File::Open(path));
+Expected<std::unique_ptr<Model>> Model::Load(const std::string& path, gguf::LoadMode mode) {
+  KVS_ASSIGN_OR_RETURN(auto file, gguf::File::Open(path, mode));
   auto model = FromFile(std::move(file));
   if (!model.ok() && model.error().find(path) == std::string::npos) {
     return Status::Error(path + ": " + model.error());

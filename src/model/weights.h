@@ -38,7 +38,10 @@ struct ModelWeights {
 // A loaded model: the mapped file, its config and weight views.
 class Model {
  public:
-  static Expected<std::unique_ptr<Model>> Load(const std::string& path);
+  // Reading into huge-page memory is the default: decode then streams the weights at up to
+  // twice the speed of a file mapping's 4 KiB pages (F16 llama-1b: 18.6 vs 9.7-11.8 t/s).
+  static Expected<std::unique_ptr<Model>> Load(const std::string& path,
+                                               gguf::LoadMode mode = gguf::LoadMode::kRead);
   static Expected<std::unique_ptr<Model>> FromFile(std::unique_ptr<gguf::File> file);
 
   const ModelConfig& config() const { return config_; }
