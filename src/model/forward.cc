@@ -149,8 +149,10 @@ void ForwardPass::Attention(int32_t layer, int32_t n, int32_t pos0, SimpleKvCach
       static_cast<size_t>(n) * c_.n_head, 1, [&](int thread, size_t begin, size_t end) {
         float* scores = scores_.data() + thread * n_ctx;
         for (size_t job = begin; job < end; ++job) {
-          const int32_t i = static_cast<int32_t>(job / c_.n_head),
-                        h = static_cast<int32_t>(job % c_.n_head);
+          // Head-major order: a contiguous share of jobs is whole heads over every token, so
+          // the causal triangle's uneven rows do not pile onto one thread, and a head's keys
+          // stay in cache across its tokens.
+          const int32_t h = static_cast<int32_t>(job / n), i = static_cast<int32_t>(job % n);
           const int32_t g = h / group;
           const int32_t n_keys =
               pos0 + i + 1;  // causal: this token sees itself and everything before
