@@ -13,16 +13,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
 #define KVS_MATMUL_KQUANT_AVX512 1
-// GCC 12 reports its own AVX-512 intrinsics as (maybe) uninitialized (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
+#include "kernels/simd.h"
 #endif
 
 namespace kvs::matmul_internal {
