@@ -29,7 +29,7 @@ float Bits(uint32_t b) {
   return f;
 }
 
-uint32_t BitsOf(float f) {
+[[maybe_unused]] uint32_t BitsOf(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
