@@ -108,34 +108,12 @@ void Tile(const MatrixView& w, int64_t r0, const float* x, int64_t t0, float* ou
 
 using TileFn = void (*)(const MatrixView&, int64_t, const float*, int64_t, float*, int64_t);
 
-template <class F, int R>
-TileFn PickTokens(int64_t nt) {
-  static_assert(kTileTokens == 4);
-  switch (nt) {
-    case 1:
-      return Tile<F, R, 1>;
-    case 2:
-      return Tile<F, R, 2>;
-    case 3:
-      return Tile<F, R, 3>;
-    default:
-      return Tile<F, R, 4>;
-  }
-}
-
 template <class F>
 TileFn PickTile(int64_t nr, int64_t nt) {
-  static_assert(kTileRows == 4);
-  switch (nr) {
-    case 1:
-      return PickTokens<F, 1>(nt);
-    case 2:
-      return PickTokens<F, 2>(nt);
-    case 3:
-      return PickTokens<F, 3>(nt);
-    default:
-      return PickTokens<F, 4>(nt);
-  }
+  static_assert(kTileRows == 4 && kTileTokens == 4);
+  return PickTileShape<TileFn>(nr, nt, [](auto rows, auto tokens) -> TileFn {
+    return Tile<F, decltype(rows)::value, decltype(tokens)::value>;
+  });
 }
 
 template <class F>

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/matmul.h"
 
@@ -84,5 +85,34 @@ void QuantizeActivationsK(const float* x, int64_t cols, KActOrder order, KActBlo
 // Like the tile kernels above; w.type must be one KQuantKernelAvailable accepts.
 void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuantizedActs& a,
                       int64_t t0, int64_t t1, float* out, int64_t out_stride);
+
+// Tile kernels are templates over their row and token counts (up to 4 x 4). At the edges
+// of a matrix a call site needs the instantiation for the shape that is left:
+// make(rows, tokens) receives both as std::integral_constant and returns that kernel.
+template <typename TileFn, typename Make>
+TileFn PickTileShape(int64_t n_rows, int64_t n_tokens, const Make& make) {
+  auto with_rows = [&](auto rows) -> TileFn {
+    switch (n_tokens) {
+      case 1:
+        return make(rows, std::integral_constant<int, 1>{});
+      case 2:
+        return make(rows, std::integral_constant<int, 2>{});
+      case 3:
+        return make(rows, std::integral_constant<int, 3>{});
+      default:
+        return make(rows, std::integral_constant<int, 4>{});
+    }
+  };
+  switch (n_rows) {
+    case 1:
+      return with_rows(std::integral_constant<int, 1>{});
+    case 2:
+      return with_rows(std::integral_constant<int, 2>{});
+    case 3:
+      return with_rows(std::integral_constant<int, 3>{});
+    default:
+      return with_rows(std::integral_constant<int, 4>{});
+  }
+}
 
 }  // namespace kvs::matmul_internal
