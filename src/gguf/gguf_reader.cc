@@ -262,6 +262,7 @@ Expected<std::unique_ptr<File>> File::Open(const std::string& path, LoadMode mod
     }
     file->mapping_ = m;
     file->base_ = static_cast<const uint8_t*>(m);
+    file->writable_ = mode == LoadMode::kRead;
   }
   ::close(fd);
   Status st2 = file->Parse();
@@ -275,6 +276,7 @@ Expected<std::unique_ptr<File>> File::FromBytes(std::vector<uint8_t> bytes) {
   file->owned_ = std::move(bytes);
   file->base_ = file->owned_.data();
   file->size_ = file->owned_.size();
+  file->writable_ = true;
   KVS_RETURN_IF_ERROR(file->Parse());
   return file;
 }

@@ -60,6 +60,12 @@ class File {
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* FindTensor(std::string_view name) const;
+  // A tensor's bytes for rewriting in place (load-time repacking), or null when the file is a
+  // read-only mapping (LoadMode::kMap). The caller owns the consequences: File itself never
+  // reads tensor data.
+  uint8_t* MutableTensorData(const TensorInfo& t) {
+    return writable_ ? const_cast<uint8_t*>(t.data) : nullptr;
+  }
 
  private:
   File() = default;
@@ -69,6 +75,7 @@ class File {
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
   void* mapping_ = nullptr;  // mmap'ed region, or null when owned_ holds the bytes
+  bool writable_ = false;    // the bytes are a private copy (kRead, FromBytes)
   std::vector<uint8_t> owned_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

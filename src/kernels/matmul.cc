@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/ops.h"
+#include "kernels/repack.h"
 #include "tensor/kquants.h"
 #include "tensor/quantize.h"
 
@@ -81,6 +82,20 @@ void MatMulRowsDequantized(const MatrixView& w, int64_t r0, int64_t r1, const fl
 void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, ThreadPool& pool) {
   if (w.rows == 0 || n_tokens == 0) return;
   KVS_CHECK(w.row_bytes >= RowBytes(w.type, static_cast<size_t>(w.cols)));
+  if (w.layout == WeightLayout::kInterleaved16) {
+    const int64_t n_blocks = w.cols / 32;
+    auto* acts = ActScratch<matmul_internal::ActBlock>(static_cast<size_t>(n_tokens * n_blocks));
+    const int32_t code_offset = matmul_internal::InterleavedCodeOffset(w.type);
+    QuantizeTokens(n_tokens, pool, [&](int64_t t) {
+      matmul_internal::QuantizeActivationsFlat(x + t * w.cols, w.cols, code_offset,
+                                               acts + t * n_blocks);
+    });
+    const matmul_internal::FlatActs a{acts, n_blocks};
+    ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+      matmul_internal::MatMulRowsInterleaved(w, r0, r1, a, t0, t1, out, w.rows);
+    });
+    return;
+  }
   switch (w.type) {
     case DType::kQ8_0:
     case DType::kQ4_0:
@@ -143,7 +158,7 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
 void MatMulReference(const MatrixView& w, const float* x, int64_t n_tokens, float* out) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
-    DequantizeRow(w.type, w.row(r), row.data(), w.cols);
+    ReadRow(w, r, row.data());
     for (int64_t t = 0; t < n_tokens; ++t) {
       const float* xt = x + t * w.cols;
       double sum = 0.0;

@@ -9,6 +9,12 @@
 
 namespace kvs {
 
+// How a matrix's rows lie in memory. kRows is the file's layout. kInterleaved16 (kernels/repack.h)
+// stores each group of 16 rows block by block, with the 16 rows' codes of one block side by
+// side, so that one 512-bit load feeds a dpbusd for 16 rows at once; done at load time for the
+// types that have such a kernel.
+enum class WeightLayout : uint8_t { kRows, kInterleaved16 };
+
 // A [rows][cols] weight matrix in its stored type (row-major, each row RowBytes(type, cols)).
 // GGUF's dims are {cols, rows}.
 struct MatrixView {
@@ -17,7 +23,10 @@ struct MatrixView {
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_bytes = 0;
+  WeightLayout layout = WeightLayout::kRows;
 
+  // Row r's bytes in the file's layout; interleaved matrices have no contiguous rows (read
+  // them with ReadRow in kernels/repack.h).
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 

@@ -54,6 +54,33 @@ void MatMulRowsQ5_0(const MatrixView& w, int64_t r0, int64_t r1, const Quantized
 void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,
                      int64_t t1, float* out, int64_t out_stride);
 
+// Activations for the interleaved kernels (matmul_interleaved.cc): one Q8_0 block per token and
+// block, codes in natural order (the kernels broadcast four at a time), with its scale and
+// -offset * (sum of codes), which cancels the weights' unsigned code offset.
+struct ActBlock {
+  int8_t qs[32];
+  float scale;
+  int32_t bias;
+};
+static_assert(sizeof(ActBlock) == 40);
+
+struct FlatActs {
+  const ActBlock* blocks = nullptr;
+  int64_t n_blocks = 0;  // per token: cols / 32
+  const ActBlock* token(int64_t t) const { return blocks + t * n_blocks; }
+};
+
+// Quantizes one token's cols values (a multiple of 32) into cols / 32 blocks, with codes and
+// scales exactly those of QuantizeActivations.
+void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, ActBlock* dst);
+
+// Whether this build has an interleaved kernel for weight type t (Q4_0, Q8_0 with AVX-512).
+bool InterleavedKernelAvailable(DType t);
+int32_t InterleavedCodeOffset(DType t);
+// Like the tile kernels above for a kInterleaved16 matrix; r0 and r1 are multiples of 16.
+void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,
+                           int64_t t0, int64_t t1, float* out, int64_t out_stride);
+
 // Activations for the K-quant kernels (matmul_kquant.cc): one 256-value super-block of one
 // token, quantized to Q8_0 exactly as QuantizeActivations does, and laid out as four 64-value
 // dpbusd operands, in the order in which the weight format unpacks its codes.

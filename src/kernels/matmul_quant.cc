@@ -98,6 +98,19 @@ void QuantizeActivations(const float* x, int64_t cols, int32_t code_offset, ActP
   }
 }
 
+void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, ActBlock* dst) {
+  KVS_CHECK(cols % 32 == 0);
+  ActPair pair;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    QuantizeBlock(x + 32 * b, code_offset, &pair, 0);
+    std::memcpy(dst[b].qs, pair.qs, 32);
+    dst[b].scale = pair.scale[0];
+    int32_t bias = 0;
+    for (int lane = 0; lane < 8; ++lane) bias += pair.bias[lane];
+    dst[b].bias = bias;
+  }
+}
+
 namespace {
 
 #if KVS_MATMUL_AVX512

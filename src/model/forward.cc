@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "kernels/repack.h"
 #include "tensor/quantize.h"
 
 namespace kvs {
@@ -83,8 +84,7 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
   float* xn = xn_.data();
 
   for (int32_t i = 0; i < n; ++i) {
-    DequantizeRow(w.token_embd.type, w.token_embd.row(tokens[i]), x + static_cast<size_t>(i) * d,
-                  d);
+    ReadRow(w.token_embd, tokens[i], x + static_cast<size_t>(i) * d);
   }
   RopeParams rope{c_.n_rot, c_.rope_freq_base, c_.rope_freq_scale, c_.rope_neox,
                   w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};

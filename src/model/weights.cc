@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include "kernels/repack.h"
 #include "tensor/quantize.h"
 
 namespace kvs {
@@ -13,7 +14,7 @@ std::string ShapeString(const std::vector<uint64_t>& dims) {
 
 class TensorLoader {
  public:
-  explicit TensorLoader(const gguf::File& f) : f_(f) {}
+  explicit TensorLoader(gguf::File& f) : f_(f) {}
 
   Expected<const gguf::TensorInfo*> Find(const std::string& name, std::vector<uint64_t> dims,
                                          bool required = true) {
@@ -46,6 +47,12 @@ class TensorLoader {
     out->rows = rows;
     out->cols = cols;
     out->row_bytes = RowBytes(t->type, cols);
+    out->layout = WeightLayout::kRows;
+    // Matrices whose type has an interleaved kernel are repacked for it when the bytes are
+    // ours to rewrite; a read-only mapping keeps the file's layout and the row-major kernels.
+    if (uint8_t* writable = f_.MutableTensorData(*t); writable && CanInterleave(*out)) {
+      InterleaveRows(out, writable);
+    }
     return Status::Ok();
   }
 
@@ -59,7 +66,7 @@ class TensorLoader {
   }
 
  private:
-  const gguf::File& f_;
+  gguf::File& f_;
 };
 
 }  // namespace

@@ -1,0 +1,209 @@
+// Q4_0 and Q8_0 weights in WeightLayout::kInterleaved16 (see kernels/repack.h) times activations
+// quantized to Q8_0. Each 32-bit lane of an accumulator is one (row, token) pair: a block's
+// eight dpbusd steps add into it with no reduction between them, and only then does the block
+// pay for its f32 conversion and scaling — once per 16 rows, where the row-major kernels pay
+// per row and per pair of blocks.
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/matmul_internal.h"
+#include "kernels/repack.h"
+#include "tensor/dtype.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define KVS_MATMUL_AVX512 1
+#include "kernels/simd.h"
+#endif
+
+namespace kvs::matmul_internal {
+
+int32_t InterleavedCodeOffset(DType t) {
+  return t == DType::kQ4_0 ? kCodeOffsetQ4_0 : kCodeOffsetQ8_0;
+}
+
+#if KVS_MATMUL_AVX512
+
+bool InterleavedKernelAvailable(DType t) {
+  return t == DType::kQ4_0 || t == DType::kQ8_0;
+}
+
+namespace {
+
+constexpr size_t kScaleBytes = 2 * kInterleaveRows;
+
+// Decode prefetches each group's stream this far ahead; the hardware prefetcher alone left
+// decode short of the bandwidth (see matmul_quant.cc).
+constexpr size_t kPrefetchBytes = 2048;
+
+// A group-block's codes as four pairs of dpbusd operands: pair k covers the activations at
+// Offset0(k) and Offset1(k).
+struct Q4_0Groups {
+  static constexpr size_t kGroupBlockBytes = kInterleaveRows * sizeof(BlockQ4_0);
+  static constexpr int Offset0(int k) { return 4 * k; }
+  static constexpr int Offset1(int k) { return 16 + 4 * k; }
+  static void Load(const uint8_t* codes, int k, __m512i& c0, __m512i& c1) {
+    const __m512i raw = _mm512_loadu_si512(codes + 64 * k);
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    c0 = _mm512_and_si512(raw, low);
+    c1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+  }
+};
+
+struct Q8_0Groups {
+  static constexpr size_t kGroupBlockBytes = kInterleaveRows * sizeof(BlockQ8_0);
+  static constexpr int Offset0(int k) { return 8 * k; }
+  static constexpr int Offset1(int k) { return 8 * k + 4; }
+  static void Load(const uint8_t* codes, int k, __m512i& c0, __m512i& c1) {
+    c0 = _mm512_loadu_si512(codes + 128 * k);
+    c1 = _mm512_loadu_si512(codes + 128 * k + 64);
+  }
+};
+
+inline __m512i Broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// G groups of 16 rows times T tokens; out rows [16 * g0, 16 * (g0 + G)).
+template <class F, int G, int T>
+void Tile(const MatrixView& w, int64_t g0, const FlatActs& a, int64_t t0, float* out,
+          int64_t out_stride) {
+  const size_t group_bytes = kInterleaveRows * w.row_bytes;
+  const uint8_t* groups[G];
+  for (int g = 0; g < G; ++g) groups[g] = w.data + (g0 + g) * group_bytes;
+  const ActBlock* acts[T];
+  for (int t = 0; t < T; ++t) acts[t] = a.token(t0 + t);
+  __m512 acc[G][T];
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
+
+  const int64_t n_blocks = w.cols / 32;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const size_t offset = b * F::kGroupBlockBytes;
+    if constexpr (T == 1) {
+      for (int g = 0; g < G; ++g) {
+        for (size_t line = 0; line < F::kGroupBlockBytes; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(groups[g] + offset + kPrefetchBytes + line),
+                       _MM_HINT_T0);
+        }
+      }
+    }
+    __m512i isum[G][T];
+    for (int t = 0; t < T; ++t) {
+      const __m512i bias = _mm512_set1_epi32(acts[t][b].bias);
+      for (int g = 0; g < G; ++g) isum[g][t] = bias;
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m512i c0[G], c1[G];
+      for (int g = 0; g < G; ++g) F::Load(groups[g] + offset + kScaleBytes, k, c0[g], c1[g]);
+      for (int t = 0; t < T; ++t) {
+        const __m512i x0 = Broadcast4(acts[t][b].qs + F::Offset0(k));
+        const __m512i x1 = Broadcast4(acts[t][b].qs + F::Offset1(k));
+        for (int g = 0; g < G; ++g) {
+          isum[g][t] = _mm512_dpbusd_epi32(isum[g][t], c0[g], x0);
+          isum[g][t] = _mm512_dpbusd_epi32(isum[g][t], c1[g], x1);
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512 ws =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups[g] + offset)));
+      for (int t = 0; t < T; ++t) {
+        const __m512 scale = _mm512_mul_ps(ws, _mm512_set1_ps(acts[t][b].scale));
+        acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g][t]), scale, acc[g][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int g = 0; g < G; ++g)
+      _mm512_storeu_ps(out + (t0 + t) * out_stride + (g0 + g) * kInterleaveRows, acc[g][t]);
+}
+
+using TileFn = void (*)(const MatrixView&, int64_t, const FlatActs&, int64_t, float*, int64_t);
+
+// Prefill tiles: 2 groups (32 rows) x 4 tokens keeps 8 integer and 8 f32 accumulators, and
+// each unpacked code vector serves 4 tokens.
+constexpr int kPrefillGroups = 2;
+constexpr int kPrefillTokens = 4;
+// Decode streams 4 groups at once: 4 independent dpbusd chains and 4 memory streams.
+constexpr int kDecodeGroups = 4;
+
+template <class F, int G>
+TileFn PickTokens(int64_t nt) {
+  switch (nt) {
+    case 1:
+      return Tile<F, G, 1>;
+    case 2:
+      return Tile<F, G, 2>;
+    case 3:
+      return Tile<F, G, 3>;
+    default:
+      return Tile<F, G, 4>;
+  }
+}
+
+template <class F>
+void Rows(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a, int64_t t0, int64_t t1,
+          float* out, int64_t out_stride) {
+  const int64_t g_begin = r0 / kInterleaveRows, g_end = r1 / kInterleaveRows;
+  if (t1 - t0 == 1) {
+    int64_t g = g_begin;
+    for (; g + kDecodeGroups <= g_end; g += kDecodeGroups) {
+      Tile<F, kDecodeGroups, 1>(w, g, a, t0, out, out_stride);
+    }
+    switch (g_end - g) {
+      case 3:
+        Tile<F, 3, 1>(w, g, a, t0, out, out_stride);
+        break;
+      case 2:
+        Tile<F, 2, 1>(w, g, a, t0, out, out_stride);
+        break;
+      case 1:
+        Tile<F, 1, 1>(w, g, a, t0, out, out_stride);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
+  for (int64_t t = t0; t < t1; t += kPrefillTokens) {
+    const int64_t nt = std::min<int64_t>(kPrefillTokens, t1 - t);
+    const TileFn full = PickTokens<F, kPrefillGroups>(nt);
+    int64_t g = g_begin;
+    for (; g + kPrefillGroups <= g_end; g += kPrefillGroups) full(w, g, a, t, out, out_stride);
+    if (g < g_end) PickTokens<F, 1>(nt)(w, g, a, t, out, out_stride);
+  }
+}
+
+}  // namespace
+
+void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,
+                           int64_t t0, int64_t t1, float* out, int64_t out_stride) {
+  KVS_CHECK(r0 % kInterleaveRows == 0 && r1 % kInterleaveRows == 0);
+  static_assert(kPrefillGroups == 2);
+  if (w.type == DType::kQ4_0) {
+    Rows<Q4_0Groups>(w, r0, r1, a, t0, t1, out, out_stride);
+  } else {
+    KVS_CHECK(w.type == DType::kQ8_0);
+    Rows<Q8_0Groups>(w, r0, r1, a, t0, t1, out, out_stride);
+  }
+}
+
+#else  // no interleaved kernels in this build: matrices keep the file's layout
+
+bool InterleavedKernelAvailable(DType) {
+  return false;
+}
+
+void MatMulRowsInterleaved(const MatrixView&, int64_t, int64_t, const FlatActs&, int64_t, int64_t,
+                           float*, int64_t) {
+  KVS_CHECK(false && "interleaved matrices need the AVX-512 kernels");
+}
+
+#endif
+
+}  // namespace kvs::matmul_internal
