@@ -56,9 +56,14 @@ void QuantizeTokens(int64_t n_tokens, ThreadPool& pool, const Fn& quantize) {
 // Runs kernel(r0, r1, t0, t1) over all rows and tokens, rows split over the pool.
 template <class Kernel>
 void ForRowBlocks(const MatrixView& w, int64_t n_tokens, ThreadPool& pool, const Kernel& kernel) {
-  const int64_t block_rows = std::max<int64_t>(
-      kRowGrain, static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
-                     static_cast<int64_t>(kRowGrain) * static_cast<int64_t>(kRowGrain));
+  // One token reads each weight once whatever the order: no blocking, which would only cut the
+  // kernels' multi-row tiles short at every block edge.
+  const int64_t block_rows =
+      n_tokens == 1
+          ? w.rows
+          : std::max<int64_t>(kRowGrain,
+                              static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
+                                  static_cast<int64_t>(kRowGrain) * static_cast<int64_t>(kRowGrain));
   pool.ParallelFor(static_cast<size_t>(w.rows), kRowGrain, [&](int, size_t begin, size_t end) {
     for (int64_t r = static_cast<int64_t>(begin); r < static_cast<int64_t>(end); r += block_rows) {
       kernel(r, std::min<int64_t>(r + block_rows, static_cast<int64_t>(end)), 0, n_tokens);

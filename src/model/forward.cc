@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "kernels/repack.h"
 #include "tensor/quantize.h"
@@ -27,7 +28,6 @@ void ForwardPass::Reserve(int32_t n, int32_t n_ctx) {
   up_.Resize(N * c_.n_ff);
   proj_.Resize(N * c_.n_embd);
   rope_.Resize(N * c_.n_rot);
-  scores_.Resize(static_cast<size_t>(pool_.size()) * n_ctx);
   reserved_tokens_ = n;
   reserved_ctx_ = n_ctx;
 }
@@ -118,8 +118,7 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
         if (!L.k_norm.empty()) RmsNorm(kh, L.k_norm.data(), c_.head_dim_k, c_.rms_eps, kh);
         ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
       }
-      std::copy(ki, ki + c_.k_dim(), cache.k(l, pos0 + i));
-      std::copy(vi, vi + c_.v_dim(), cache.v(l, pos0 + i));
+      cache.Write(l, pos0 + i, ki, vi);
     });
     Attention(l, n, pos0, cache);
     MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
@@ -140,34 +139,35 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
   }
 }
 
-void ForwardPass::Attention(int32_t layer, int32_t n, int32_t pos0, SimpleKvCache& cache) {
-  const int32_t hk = c_.head_dim_k, hv = c_.head_dim_v;
+void ForwardPass::Attention(int32_t layer, int32_t n, int32_t pos0, const SimpleKvCache& cache) {
   const int32_t group = c_.n_head / c_.n_head_kv;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hk));
-  const size_t n_ctx = cache.n_ctx();
+  const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
+                             1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
+  // A KV head's queries are its group's heads for every token, token-major, so that a kernel
+  // tile of four holds queries that see (nearly) the same keys. Jobs are chunks of them in
+  // head-major order: a thread's contiguous share is whole heads, each with the same causal
+  // triangle of work, and a head's keys stay in cache across its chunks.
+  const int32_t n_queries = n * group;
+  const int32_t chunks_per_head = (n_queries + kQueriesPerJob - 1) / kQueriesPerJob;
   pool_.ParallelFor(
-      static_cast<size_t>(n) * c_.n_head, 1, [&](int thread, size_t begin, size_t end) {
-        float* scores = scores_.data() + thread * n_ctx;
+      static_cast<size_t>(c_.n_head_kv) * chunks_per_head, 1, [&](int, size_t begin, size_t end) {
         for (size_t job = begin; job < end; ++job) {
-          // Head-major order: a contiguous share of jobs is whole heads over every token, so
-          // the causal triangle's uneven rows do not pile onto one thread, and a head's keys
-          // stay in cache across its tokens.
-          const int32_t h = static_cast<int32_t>(job / n), i = static_cast<int32_t>(job % n);
-          const int32_t g = h / group;
-          const int32_t n_keys =
-              pos0 + i + 1;  // causal: this token sees itself and everything before
-          const float* qh =
-              q_.data() + static_cast<size_t>(i) * c_.q_dim() + static_cast<size_t>(h) * hk;
-          for (int32_t j = 0; j < n_keys; ++j) {
-            scores[j] = DotF32(qh, cache.k(layer, j) + static_cast<size_t>(g) * hk, hk) * scale;
+          const int32_t g = static_cast<int32_t>(job / chunks_per_head);
+          const int32_t first = static_cast<int32_t>(job % chunks_per_head) * kQueriesPerJob;
+          const int32_t count = std::min(kQueriesPerJob, n_queries - first);
+          const float* q[kQueriesPerJob];
+          float* out[kQueriesPerJob];
+          int32_t n_keys[kQueriesPerJob];
+          for (int32_t k = 0; k < count; ++k) {
+            const int32_t i = (first + k) / group;
+            const int32_t h = g * group + (first + k) % group;
+            q[k] = q_.data() + static_cast<size_t>(i) * c_.q_dim() +
+                   static_cast<size_t>(h) * c_.head_dim_k;
+            out[k] = att_.data() + static_cast<size_t>(i) * c_.n_head * c_.head_dim_v +
+                     static_cast<size_t>(h) * c_.head_dim_v;
+            n_keys[k] = pos0 + i + 1;  // causal: itself and everything before
           }
-          Softmax(scores, n_keys);
-          float* out =
-              att_.data() + static_cast<size_t>(i) * c_.n_head * hv + static_cast<size_t>(h) * hv;
-          std::fill(out, out + hv, 0.f);
-          for (int32_t j = 0; j < n_keys; ++j) {
-            Axpy(scores[j], cache.v(layer, j) + static_cast<size_t>(g) * hv, out, hv);
-          }
+          Attend(shape, cache.Head(layer, g), q, n_keys, count, out);
         }
       });
 }

@@ -16,6 +16,8 @@ class ForwardPass {
  public:
   // Longest run of tokens processed at once; longer inputs are split (bounds scratch memory).
   static constexpr int32_t kMaxUbatch = 512;
+  // Attention queries per pool job (a multiple of the kernel's tile of four).
+  static constexpr int32_t kQueriesPerJob = 16;
 
   ForwardPass(const Model& model, ThreadPool& pool);
 
@@ -26,7 +28,7 @@ class ForwardPass {
 
  private:
   void RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache);
-  void Attention(int32_t layer, int32_t n, int32_t pos0, SimpleKvCache& cache);
+  void Attention(int32_t layer, int32_t n, int32_t pos0, const SimpleKvCache& cache);
   void Reserve(int32_t n, int32_t n_ctx);
   // Runs fn(i) for every token of the ubatch, split over the pool when there are several.
   template <typename Fn>
@@ -47,7 +49,6 @@ class ForwardPass {
   AlignedBuffer up_;      // [n][n_ff]
   AlignedBuffer proj_;    // [n][max(n_embd, ...)] output of wo / w_down
   AlignedBuffer rope_;    // [n][n_rot] cos/sin per token
-  AlignedBuffer scores_;  // [n_threads][n_ctx]
 };
 
 }  // namespace kvs

@@ -1,0 +1,52 @@
+// Attention of queries over keys and values kept in blocks of 16 positions (the layout of the
+// paged KV cache): for one KV head, block b holds
+//   keys   [head_dim_k][16]  (transposed: one 16-lane vector per dimension, so a query's 16
+//                             scores are head_dim_k broadcast FMAs, no horizontal sums)
+//   values [16][head_dim_v]  (rows: a probability times a row is a run of FMAs)
+// The kernel walks a query tile over the key blocks once, with an online softmax (running max
+// and sum per query), and never materialises a score row as long as the context.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvs {
+
+inline constexpr int kKvBlockTokens = 16;
+
+// Where one KV head's blocks are: logical block i is physical block block_ids[i], whose keys
+// start at k_base + id * k_block_stride and values at v_base + id * v_block_stride (floats).
+struct KvHeadView {
+  const float* k_base = nullptr;
+  const float* v_base = nullptr;
+  size_t k_block_stride = 0;
+  size_t v_block_stride = 0;
+  const int32_t* block_ids = nullptr;
+};
+
+struct AttentionShape {
+  int32_t head_dim_k = 0;
+  int32_t head_dim_v = 0;
+  float scale = 1.0f;  // applied to q.k (1/sqrt(head_dim_k))
+};
+
+// out[i][0, head_dim_v) = softmax_j(scale * q[i].k[j]) . v[j] over keys j < n_keys[i], for
+// i < n_queries. Queries that see similar numbers of keys should be adjacent: a tile of four
+// walks the key blocks together. n_keys[i] >= 1; keys up to the largest n_keys must have been
+// written (values past a query's own n_keys get weight exactly 0, never a NaN from garbage).
+void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+            const int32_t* n_keys, int n_queries, float* const* out);
+
+// Scalar twin in double with a plain two-pass softmax. Tests only.
+void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+                     const int32_t* n_keys, int n_queries, float* const* out);
+
+// Logical block i of one head: keys [head_dim_k][16] and values [16][head_dim_v].
+inline const float* KeyBlock(const KvHeadView& kv, int32_t i) {
+  return kv.k_base + static_cast<size_t>(kv.block_ids[i]) * kv.k_block_stride;
+}
+inline const float* ValueBlock(const KvHeadView& kv, int32_t i) {
+  return kv.v_base + static_cast<size_t>(kv.block_ids[i]) * kv.v_block_stride;
+}
+
+}  // namespace kvs
