@@ -496,7 +496,8 @@ TEST(MatMul, ZeroInputsGiveExactZeros) {
 // ---------------------------------------------------------------------------------------------
 // Interleaved layout (kernels/repack.h)
 
-const DType kInterleavedTypes[] = {DType::kQ4_0, DType::kQ8_0};
+const DType kInterleavedTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kF32, DType::kF16,
+                                   DType::kBF16};
 
 bool HasInterleavedKernels() {
   return CanInterleave(MatrixView{DType::kQ4_0, nullptr, 16, 32, RowBytes(DType::kQ4_0, 32)});
@@ -512,9 +513,11 @@ TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
     EXPECT_FALSE(CanInterleave(
         MatrixView{t, nullptr, 32, 64, rb, WeightLayout::kInterleaved16}));  // already done
   }
-  for (DType t : {DType::kF16, DType::kQ5_0, DType::kQ4_K}) {
+  for (DType t : {DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
     EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 32, 256, RowBytes(t, 256)}));
   }
+  // Interleaving works on blocks of 32 columns, float types included.
+  EXPECT_FALSE(CanInterleave(MatrixView{DType::kF16, nullptr, 32, 48, RowBytes(DType::kF16, 48)}));
 }
 
 TEST(Interleave, ReadRowGivesBackEveryRow) {

@@ -23,7 +23,9 @@ constexpr size_t kRowGrain = 16;
 // During prefill a thread walks its rows in blocks whose weights fit in L2, and runs every
 // token through a block before moving on: each weight byte then comes from memory once per
 // call instead of once per token tile.
-constexpr size_t kBlockBytes = 192 * 1024;
+constexpr size_t kBlockBytes = 256 * 1024;
+// Blocks are whole prefill tiles of the interleaved kernels (two groups of 16 rows).
+constexpr int64_t kBlockRowMultiple = 32;
 
 // Scratch for quantized activations, kept per calling thread so that decode, which calls
 // MatMul several times per layer, does not allocate.
@@ -61,9 +63,9 @@ void ForRowBlocks(const MatrixView& w, int64_t n_tokens, ThreadPool& pool, const
   const int64_t block_rows =
       n_tokens == 1
           ? w.rows
-          : std::max<int64_t>(kRowGrain,
+          : std::max<int64_t>(kBlockRowMultiple,
                               static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
-                                  static_cast<int64_t>(kRowGrain) * static_cast<int64_t>(kRowGrain));
+                                  kBlockRowMultiple * kBlockRowMultiple);
   pool.ParallelFor(static_cast<size_t>(w.rows), kRowGrain, [&](int, size_t begin, size_t end) {
     for (int64_t r = static_cast<int64_t>(begin); r < static_cast<int64_t>(end); r += block_rows) {
       kernel(r, std::min<int64_t>(r + block_rows, static_cast<int64_t>(end)), 0, n_tokens);
@@ -87,6 +89,13 @@ void MatMulRowsDequantized(const MatrixView& w, int64_t r0, int64_t r1, const fl
 void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, ThreadPool& pool) {
   if (w.rows == 0 || n_tokens == 0) return;
   KVS_CHECK(w.row_bytes >= RowBytes(w.type, static_cast<size_t>(w.cols)));
+  if (w.layout == WeightLayout::kInterleaved16 &&
+      (w.type == DType::kF32 || w.type == DType::kF16 || w.type == DType::kBF16)) {
+    ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+      matmul_internal::MatMulRowsInterleavedFloat(w, r0, r1, x, t0, t1, out, w.rows);
+    });
+    return;
+  }
   if (w.layout == WeightLayout::kInterleaved16) {
     const int64_t n_blocks = w.cols / 32;
     auto* acts = ActScratch<matmul_internal::ActBlock>(static_cast<size_t>(n_tokens * n_blocks));

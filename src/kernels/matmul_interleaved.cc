@@ -26,7 +26,16 @@ int32_t InterleavedCodeOffset(DType t) {
 #if KVS_MATMUL_AVX512
 
 bool InterleavedKernelAvailable(DType t) {
-  return t == DType::kQ4_0 || t == DType::kQ8_0;
+  switch (t) {
+    case DType::kQ4_0:
+    case DType::kQ8_0:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return true;
+    default:
+      return false;
+  }
 }
 
 namespace {

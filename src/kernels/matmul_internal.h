@@ -74,12 +74,17 @@ struct FlatActs {
 // scales exactly those of QuantizeActivations.
 void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, ActBlock* dst);
 
-// Whether this build has an interleaved kernel for weight type t (Q4_0, Q8_0 with AVX-512).
+// Whether this build has an interleaved kernel for weight type t (Q4_0, Q8_0, F32, F16, BF16
+// with AVX-512).
 bool InterleavedKernelAvailable(DType t);
 int32_t InterleavedCodeOffset(DType t);
 // Like the tile kernels above for a kInterleaved16 matrix; r0 and r1 are multiples of 16.
 void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,
                            int64_t t0, int64_t t1, float* out, int64_t out_stride);
+
+// The same for F32, F16 and BF16 weights; x is [tokens][w.cols] f32.
+void MatMulRowsInterleavedFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x,
+                                int64_t t0, int64_t t1, float* out, int64_t out_stride);
 
 // Activations for the K-quant kernels (matmul_kquant.cc): one 256-value super-block of one
 // token, quantized to Q8_0 exactly as QuantizeActivations does, and laid out as four 64-value

@@ -12,12 +12,24 @@ namespace {
 
 constexpr size_t kScaleBytes = 2 * kInterleaveRows;
 
+// Bytes of one row's 32-value block in the file layout.
 size_t BlockBytes(DType t) {
-  return t == DType::kQ4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+  return RowBytes(t, 32);
+}
+
+bool IsFloat(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
 
 // Moves one row's block (file format) into its lane of a group-block, or back.
 void PackBlock(DType t, const uint8_t* src, int lane, uint8_t* group_block) {
+  if (IsFloat(t)) {
+    const size_t size = Info(t).block_bytes;
+    for (int j = 0; j < 32; ++j) {
+      std::memcpy(group_block + (j * kInterleaveRows + lane) * size, src + j * size, size);
+    }
+    return;
+  }
   std::memcpy(group_block + 2 * lane, src, 2);
   uint8_t* codes = group_block + kScaleBytes;
   if (t == DType::kQ4_0) {
@@ -32,6 +44,13 @@ void PackBlock(DType t, const uint8_t* src, int lane, uint8_t* group_block) {
 }
 
 void UnpackBlock(DType t, const uint8_t* group_block, int lane, uint8_t* dst) {
+  if (IsFloat(t)) {
+    const size_t size = Info(t).block_bytes;
+    for (int j = 0; j < 32; ++j) {
+      std::memcpy(dst + j * size, group_block + (j * kInterleaveRows + lane) * size, size);
+    }
+    return;
+  }
   std::memcpy(dst, group_block + 2 * lane, 2);
   const uint8_t* codes = group_block + kScaleBytes;
   if (t == DType::kQ4_0) {
@@ -81,7 +100,7 @@ void ReadRow(const MatrixView& w, int64_t r, float* out) {
   const size_t block_bytes = BlockBytes(w.type);
   const uint8_t* group = w.data + (r / kInterleaveRows) * kInterleaveRows * w.row_bytes;
   const int lane = static_cast<int>(r % kInterleaveRows);
-  uint8_t block[sizeof(BlockQ8_0)];
+  uint8_t block[32 * sizeof(float)];
   for (int64_t b = 0; b < w.cols / 32; ++b) {
     UnpackBlock(w.type, group + b * kInterleaveRows * block_bytes, lane, block);
     DequantizeRow(w.type, block, out + 32 * b, 32);

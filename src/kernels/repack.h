@@ -10,6 +10,8 @@
 //     nibbles are values 4k..4k+3 and its high nibbles values 16+4k..16+4k+3 (codes 0..15).
 //   Q8_0 (544 bytes per group-block): chunk s < 8 holds values 4s..4s+3 as unsigned codes
 //     (value + 128), so that the weights are dpbusd's unsigned operand without a conversion.
+//   F32, F16, BF16 (16 x 32 values per group-block): value j of the 16 rows side by side, one
+//     vector per column, multiplied by a broadcast activation.
 // The layout is the same size as the rows it replaces, so it is done in place.
 #pragma once
 
