@@ -334,14 +334,17 @@ void ExpectClose(const TestMatrix& m, const std::vector<float>& x, int64_t n_tok
                  const std::vector<float>& out, const std::vector<float>& ref, bool x_quantized) {
   const int64_t rows = m.view.rows, cols = m.view.cols;
   const bool blocks = IsBlockType(m.view.type) && !x_quantized;
+  // Interleaved K-quants quantize activations per 256 values (Q8_K), the others per 32.
+  const int64_t act_block =
+      m.view.layout == WeightLayout::kInterleaved16 && IsKQuant(m.view.type) ? 256 : 32;
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float* xt = x.data() + t * cols;
     for (int64_t r = 0; r < rows; ++r) {
       const float* wr = m.values.data() + r * cols;
       double mag = 0.0, act_err = 0.0;
-      for (int64_t b = 0; b < cols; b += 32) {
+      for (int64_t b = 0; b < cols; b += act_block) {
         double wsum = 0.0, amax = 0.0;
-        for (int64_t c = b; c < std::min(cols, b + 32); ++c) {
+        for (int64_t c = b; c < std::min(cols, b + act_block); ++c) {
           mag += std::fabs(static_cast<double>(wr[c]) * xt[c]);
           wsum += std::fabs(wr[c]);
           amax = std::max(amax, static_cast<double>(std::fabs(xt[c])));
@@ -496,8 +499,29 @@ TEST(MatMul, ZeroInputsGiveExactZeros) {
 // ---------------------------------------------------------------------------------------------
 // Interleaved layout (kernels/repack.h)
 
-const DType kInterleavedTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kF32, DType::kF16,
-                                   DType::kBF16};
+const DType kInterleavedTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K,
+                                   DType::kF32,  DType::kF16,  DType::kBF16};
+
+// Activations rounded the way the interleaved K-quant kernels quantize them (llama.cpp's Q8_K:
+// one scale per 256 values, -127 at the value of largest magnitude, round half to even).
+std::vector<float> RoundTripQ8K(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  for (size_t b = 0; b < x.size(); b += 256) {
+    float amax = 0.0f, max = 0.0f;
+    for (size_t i = b; i < b + 256; ++i) {
+      if (std::fabs(x[i]) > amax) {
+        amax = std::fabs(x[i]);
+        max = x[i];
+      }
+    }
+    const float iscale = amax == 0.0f ? 0.0f : -127.0f / max;
+    for (size_t i = b; i < b + 256; ++i) {
+      const float q = std::min(127.0f, std::nearbyint(iscale * x[i]));
+      y[i] = amax == 0.0f ? 0.0f : q * (1.0f / iscale);
+    }
+  }
+  return y;
+}
 
 bool HasInterleavedKernels() {
   return CanInterleave(MatrixView{DType::kQ4_0, nullptr, 16, 32, RowBytes(DType::kQ4_0, 32)});
@@ -506,15 +530,20 @@ bool HasInterleavedKernels() {
 TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
   for (DType t : kInterleavedTypes) {
-    const size_t rb = RowBytes(t, 64);
-    EXPECT_TRUE(CanInterleave(MatrixView{t, nullptr, 32, 64, rb}));
-    EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 24, 64, rb}));      // 24 % 16 != 0
-    EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 32, 64, rb + 8}));  // padded rows
+    const int64_t cols = ColsFor(t, 64);
+    const size_t rb = RowBytes(t, cols);
+    EXPECT_TRUE(CanInterleave(MatrixView{t, nullptr, 32, cols, rb}));
+    EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 24, cols, rb}));      // 24 % 16 != 0
+    EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 32, cols, rb + 8}));  // padded rows
     EXPECT_FALSE(CanInterleave(
-        MatrixView{t, nullptr, 32, 64, rb, WeightLayout::kInterleaved16}));  // already done
+        MatrixView{t, nullptr, 32, cols, rb, WeightLayout::kInterleaved16}));  // already done
   }
-  for (DType t : {DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ5_0, DType::kQ5_K}) {
     EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 32, 256, RowBytes(t, 256)}));
+  }
+  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+    EXPECT_TRUE(CanInterleave(MatrixView{t, nullptr, 32, 256, RowBytes(t, 256)}));
+    EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 24, 256, RowBytes(t, 256)}));
   }
   // Interleaving works on blocks of 32 columns, float types included.
   EXPECT_FALSE(CanInterleave(MatrixView{DType::kF16, nullptr, 32, 48, RowBytes(DType::kF16, 48)}));
@@ -523,7 +552,7 @@ TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
 TEST(Interleave, ReadRowGivesBackEveryRow) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
   for (DType t : kInterleavedTypes) {
-    for (Shape s : std::vector<Shape>{{16, 32}, {48, 96}, {32, 2048}}) {
+    for (Shape s : std::vector<Shape>{{16, ColsFor(t, 32)}, {48, ColsFor(t, 96)}, {32, 2048}}) {
       SCOPED_TRACE(std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.cols));
       TestMatrix m = MakeMatrix(t, s.rows, s.cols, 21);
@@ -545,19 +574,28 @@ TEST(Interleave, MatMulMatchesReference) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
   // Group counts that leave every remainder of the decode (4) and prefill (2) group tiles, and
   // token counts that leave every remainder of the 4-token tile.
-  const std::vector<Shape> shapes = {{16, 32},   {32, 64},   {48, 96},    {64, 160},
-                                     {80, 4096}, {112, 256}, {1008, 2048}};
-  for (DType t : kInterleavedTypes) CheckShapes(t, shapes, {1, 2, 3, 5, 8, 17}, true);
+  // Columns of one 256-column accumulation chunk of the float kernel, of several, and of a
+  // partial last one (K-quants round them up to whole super-blocks).
+  const std::vector<Shape> shapes = {{16, 32},   {32, 64},   {48, 96},     {64, 160},
+                                     {80, 4096}, {112, 256}, {1008, 2048}, {32, 800}};
+  for (DType t : kInterleavedTypes) {
+    std::vector<Shape> type_shapes;
+    for (Shape s : shapes) type_shapes.push_back({s.rows, ColsFor(t, s.cols)});
+    CheckShapes(t, type_shapes, {1, 2, 3, 5, 8, 9, 17}, true);
+  }
 }
 
-TEST(Interleave, SameResultsAsFileLayoutOnQ8_0Activations) {
+// On activations already rounded to what the kernel quantizes them to, only f32 rounding of
+// scales and sums is left.
+TEST(Interleave, ExactOnPreQuantizedActivations) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
   ThreadPool pool(2);
   for (DType t : kInterleavedTypes) {
     SCOPED_TRACE(DTypeName(t));
     const int64_t rows = 48, cols = 2048, n = 6;
     TestMatrix m = MakeMatrix(t, rows, cols, 31);
-    std::vector<float> x = RoundTrip(DType::kQ8_0, Activations(n, cols, 32));
+    std::vector<float> x = IsKQuant(t) ? RoundTripQ8K(Activations(n, cols, 32))
+                                       : RoundTrip(DType::kQ8_0, Activations(n, cols, 32));
     std::vector<float> ref(static_cast<size_t>(n * rows)), out(ref.size());
     MatMulReference(m.view, x.data(), n, ref.data());
     Interleave(m);

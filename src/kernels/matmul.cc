@@ -96,6 +96,19 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
     });
     return;
   }
+  if (w.layout == WeightLayout::kInterleaved16 &&
+      (w.type == DType::kQ4_K || w.type == DType::kQ6_K)) {
+    const int64_t n_blocks = w.cols / kSuperBlock;
+    auto* acts = ActScratch<matmul_internal::KAct256>(static_cast<size_t>(n_tokens * n_blocks));
+    QuantizeTokens(n_tokens, pool, [&](int64_t t) {
+      matmul_internal::QuantizeActivationsQ8K(x + t * w.cols, w.cols, acts + t * n_blocks);
+    });
+    const matmul_internal::KActs256 a{acts, n_blocks};
+    ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+      matmul_internal::MatMulRowsInterleavedKQuant(w, r0, r1, a, t0, t1, out, w.rows);
+    });
+    return;
+  }
   if (w.layout == WeightLayout::kInterleaved16) {
     const int64_t n_blocks = w.cols / 32;
     auto* acts = ActScratch<matmul_internal::ActBlock>(static_cast<size_t>(n_tokens * n_blocks));

@@ -29,6 +29,8 @@ bool InterleavedKernelAvailable(DType t) {
   switch (t) {
     case DType::kQ4_0:
     case DType::kQ8_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:

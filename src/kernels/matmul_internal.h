@@ -74,8 +74,8 @@ struct FlatActs {
 // scales exactly those of QuantizeActivations.
 void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, ActBlock* dst);
 
-// Whether this build has an interleaved kernel for weight type t (Q4_0, Q8_0, F32, F16, BF16
-// with AVX-512).
+// Whether this build has an interleaved kernel for weight type t (Q4_0, Q8_0, Q4_K, Q6_K, F32,
+// F16, BF16 with AVX-512).
 bool InterleavedKernelAvailable(DType t);
 int32_t InterleavedCodeOffset(DType t);
 // Like the tile kernels above for a kInterleaved16 matrix; r0 and r1 are multiples of 16.
@@ -85,6 +85,27 @@ void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const Fl
 // The same for F32, F16 and BF16 weights; x is [tokens][w.cols] f32.
 void MatMulRowsInterleavedFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x,
                                 int64_t t0, int64_t t1, float* out, int64_t out_stride);
+
+// Activations for the interleaved Q4_K and Q6_K kernels (matmul_kquant_interleaved.cc): one
+// 256-value block per token quantized the way llama.cpp's Q8_K is (a single scale,
+// -127 / (the value of largest magnitude), round to nearest even), with the per-32 code sums
+// that Q4_K's mins need and -32 times the per-16 sums that cancel Q6_K's code offset.
+struct alignas(64) KAct256 {
+  int8_t qs[256];
+  float d;
+  float bsum32[8];
+  int32_t bias16[16];
+};
+
+struct KActs256 {
+  const KAct256* blocks = nullptr;
+  int64_t n_blocks = 0;  // per token: cols / 256
+  const KAct256* token(int64_t t) const { return blocks + t * n_blocks; }
+};
+
+void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst);
+void MatMulRowsInterleavedKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KActs256& a,
+                                 int64_t t0, int64_t t1, float* out, int64_t out_stride);
 
 // Activations for the K-quant kernels (matmul_kquant.cc): one 256-value super-block of one
 // token, quantized to Q8_0 exactly as QuantizeActivations does, and laid out as four 64-value

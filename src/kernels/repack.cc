@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "kernels/matmul_internal.h"
+#include "tensor/kquants.h"
 #include "tensor/quantize.h"
 
 namespace kvs {
@@ -12,9 +13,95 @@ namespace {
 
 constexpr size_t kScaleBytes = 2 * kInterleaveRows;
 
-// Bytes of one row's 32-value block in the file layout.
+bool IsKQuant(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ6_K;
+}
+
+// Values per block: the unit that a group interleaves (a K-quant super-block, else 32).
+int64_t BlockValues(DType t) {
+  return IsKQuant(t) ? kSuperBlock : 32;
+}
+
+// Bytes of one row's block in the file layout.
 size_t BlockBytes(DType t) {
-  return RowBytes(t, 32);
+  return RowBytes(t, static_cast<size_t>(BlockValues(t)));
+}
+
+// Q4_K group-block (2304 bytes): d[16] and dmin[16] (f16), then per sub-block j the 16 rows'
+// scale | (min >> 4) << 6 (128 bytes), then the mins' low nibbles (64 bytes: byte 16 (j % 4) +
+// lane, nibble j / 4), then 32 code chunks: chunk k's low nibbles are values 4k..4k+3 and its
+// high nibbles values 128+4k..128+4k+3.
+constexpr size_t kQ4KScales = 64, kQ4KMins = 192, kQ4KCodes = 256;
+
+void PackQ4_K(const BlockQ4_K& b, int lane, uint8_t* gb) {
+  std::memcpy(gb + 2 * lane, &b.d, 2);
+  std::memcpy(gb + 32 + 2 * lane, &b.dmin, 2);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    GetScaleMinK4(j, b.scales, &sc, &m);
+    gb[kQ4KScales + 16 * j + lane] = static_cast<uint8_t>(sc | ((m >> 4) << 6));
+    uint8_t& nib = gb[kQ4KMins + 16 * (j % 4) + lane];
+    nib = static_cast<uint8_t>((j < 4 ? 0 : nib) | ((m & 0xF) << (4 * (j / 4))));
+  }
+  uint8_t code[kSuperBlock];
+  for (int i = 0; i < kSuperBlock; ++i) {
+    code[i] = (b.qs[32 * (i / 64) + i % 32] >> (4 * ((i % 64) / 32))) & 0xF;
+  }
+  for (int k = 0; k < 32; ++k)
+    for (int j = 0; j < 4; ++j)
+      gb[kQ4KCodes + 64 * k + 4 * lane + j] =
+          static_cast<uint8_t>(code[4 * k + j] | (code[128 + 4 * k + j] << 4));
+}
+
+void UnpackQ4_K(const uint8_t* gb, int lane, BlockQ4_K* b) {
+  std::memset(b, 0, sizeof(*b));
+  std::memcpy(&b->d, gb + 2 * lane, 2);
+  std::memcpy(&b->dmin, gb + 32 + 2 * lane, 2);
+  for (int j = 0; j < 8; ++j) {
+    const int s = gb[kQ4KScales + 16 * j + lane];
+    const int nib = (gb[kQ4KMins + 16 * (j % 4) + lane] >> (4 * (j / 4))) & 0xF;
+    SetScaleMinK4(j, s & 63, ((s >> 6) << 4) | nib, b->scales);
+  }
+  for (int i = 0; i < kSuperBlock; ++i) {
+    const int k = (i % 128) / 4, j = i % 4;
+    const int q = (gb[kQ4KCodes + 64 * k + 4 * lane + j] >> (4 * (i / 128))) & 0xF;
+    b->qs[32 * (i / 64) + i % 32] |= static_cast<uint8_t>(q << (4 * ((i % 64) / 32)));
+  }
+}
+
+// Q6_K group-block (3360 bytes): d[16] (f16), scales [16 sub-blocks][16 rows] (int8), 32 chunks
+// of low nibbles (chunk c: values 4c.. low, 128+4c.. high), then 16 chunks of top bits (chunk
+// m, byte j: bits 2i..2i+1 belong to value 64i + 4m + j).
+constexpr size_t kQ6KScales = 32, kQ6KLow = 288, kQ6KHigh = 2336;
+
+void PackQ6_K(const BlockQ6_K& b, int lane, uint8_t* gb) {
+  std::memcpy(gb + 2 * lane, &b.d, 2);
+  for (int k = 0; k < 16; ++k) gb[kQ6KScales + 16 * k + lane] = static_cast<uint8_t>(b.scales[k]);
+  uint8_t code[kSuperBlock];
+  for (int i = 0; i < kSuperBlock; ++i) code[i] = static_cast<uint8_t>(Q6KCode(b, i));
+  for (int c = 0; c < 32; ++c)
+    for (int j = 0; j < 4; ++j)
+      gb[kQ6KLow + 64 * c + 4 * lane + j] =
+          static_cast<uint8_t>((code[4 * c + j] & 0xF) | ((code[128 + 4 * c + j] & 0xF) << 4));
+  for (int m = 0; m < 16; ++m) {
+    for (int j = 0; j < 4; ++j) {
+      int bits = 0;
+      for (int i = 0; i < 4; ++i) bits |= (code[64 * i + 4 * m + j] >> 4) << (2 * i);
+      gb[kQ6KHigh + 64 * m + 4 * lane + j] = static_cast<uint8_t>(bits);
+    }
+  }
+}
+
+void UnpackQ6_K(const uint8_t* gb, int lane, BlockQ6_K* b) {
+  std::memset(b, 0, sizeof(*b));
+  std::memcpy(&b->d, gb + 2 * lane, 2);
+  for (int k = 0; k < 16; ++k) b->scales[k] = static_cast<int8_t>(gb[kQ6KScales + 16 * k + lane]);
+  for (int i = 0; i < kSuperBlock; ++i) {
+    const int c = (i % 128) / 4, j = i % 4, m = (i % 64) / 4;
+    const int low = (gb[kQ6KLow + 64 * c + 4 * lane + j] >> (4 * (i / 128))) & 0xF;
+    const int high = (gb[kQ6KHigh + 64 * m + 4 * lane + j] >> (2 * (i / 64))) & 3;
+    SetQ6KCode(b, i, low | (high << 4));
+  }
 }
 
 bool IsFloat(DType t) {
@@ -23,6 +110,10 @@ bool IsFloat(DType t) {
 
 // Moves one row's block (file format) into its lane of a group-block, or back.
 void PackBlock(DType t, const uint8_t* src, int lane, uint8_t* group_block) {
+  if (t == DType::kQ4_K)
+    return PackQ4_K(*reinterpret_cast<const BlockQ4_K*>(src), lane, group_block);
+  if (t == DType::kQ6_K)
+    return PackQ6_K(*reinterpret_cast<const BlockQ6_K*>(src), lane, group_block);
   if (IsFloat(t)) {
     const size_t size = Info(t).block_bytes;
     for (int j = 0; j < 32; ++j) {
@@ -44,6 +135,8 @@ void PackBlock(DType t, const uint8_t* src, int lane, uint8_t* group_block) {
 }
 
 void UnpackBlock(DType t, const uint8_t* group_block, int lane, uint8_t* dst) {
+  if (t == DType::kQ4_K) return UnpackQ4_K(group_block, lane, reinterpret_cast<BlockQ4_K*>(dst));
+  if (t == DType::kQ6_K) return UnpackQ6_K(group_block, lane, reinterpret_cast<BlockQ6_K*>(dst));
   if (IsFloat(t)) {
     const size_t size = Info(t).block_bytes;
     for (int j = 0; j < 32; ++j) {
@@ -68,7 +161,7 @@ void UnpackBlock(DType t, const uint8_t* group_block, int lane, uint8_t* dst) {
 
 bool CanInterleave(const MatrixView& w) {
   return w.layout == WeightLayout::kRows && matmul_internal::InterleavedKernelAvailable(w.type) &&
-         w.rows > 0 && w.rows % kInterleaveRows == 0 && w.cols % 32 == 0 &&
+         w.rows > 0 && w.rows % kInterleaveRows == 0 && w.cols % BlockValues(w.type) == 0 &&
          w.row_bytes == RowBytes(w.type, static_cast<size_t>(w.cols));
 }
 
@@ -77,7 +170,7 @@ void InterleaveRows(MatrixView* w, uint8_t* data) {
   const size_t block_bytes = BlockBytes(w->type);
   const size_t group_block_bytes = kInterleaveRows * block_bytes;
   const size_t group_bytes = kInterleaveRows * w->row_bytes;
-  const int64_t n_blocks = w->cols / 32;
+  const int64_t n_blocks = w->cols / BlockValues(w->type);
   std::vector<uint8_t> rows(group_bytes);  // the group's 16 rows, file layout
   for (int64_t g = 0; g < w->rows / kInterleaveRows; ++g) {
     uint8_t* group = data + g * group_bytes;
@@ -100,10 +193,11 @@ void ReadRow(const MatrixView& w, int64_t r, float* out) {
   const size_t block_bytes = BlockBytes(w.type);
   const uint8_t* group = w.data + (r / kInterleaveRows) * kInterleaveRows * w.row_bytes;
   const int lane = static_cast<int>(r % kInterleaveRows);
-  uint8_t block[32 * sizeof(float)];
-  for (int64_t b = 0; b < w.cols / 32; ++b) {
+  const int64_t values = BlockValues(w.type);
+  alignas(8) uint8_t block[256];
+  for (int64_t b = 0; b < w.cols / values; ++b) {
     UnpackBlock(w.type, group + b * kInterleaveRows * block_bytes, lane, block);
-    DequantizeRow(w.type, block, out + 32 * b, 32);
+    DequantizeRow(w.type, block, out + values * b, values);
   }
 }
 

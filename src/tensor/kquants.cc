@@ -20,31 +20,6 @@ inline uint32_t LoadU32(const uint8_t* p) {
   return v;
 }
 
-// Q4_K/Q5_K pack eight 6-bit (scale, min) pairs into 12 bytes: pairs 0-3 sit in the low six
-// bits of bytes 0-3 (scales) and 4-7 (mins); pairs 4-7 keep their low nibbles in bytes 8-11
-// and their top two bits in the spare top bits of bytes 0-3 (scales) and 4-7 (mins).
-inline void GetScaleMinK4(int j, const uint8_t* s, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// `s` must start zeroed; each pair only ORs in its own bits.
-inline void SetScaleMinK4(int j, int sc, int m, uint8_t* s) {
-  if (j < 4) {
-    s[j] |= static_cast<uint8_t>(sc);
-    s[j + 4] |= static_cast<uint8_t>(m);
-  } else {
-    s[j + 4] |= static_cast<uint8_t>((sc & 0xF) | ((m & 0xF) << 4));
-    s[j - 4] |= static_cast<uint8_t>((sc >> 4) << 6);
-    s[j] |= static_cast<uint8_t>((m >> 4) << 6);
-  }
-}
-
 // Q3_K's sixteen 6-bit scales: low nibbles of scales 0-7 and 8-15 are the low and high nibbles
 // of bytes 0-7; the top two bits of scale j are bits 2 (j / 4) of byte 8 + j % 4.
 inline int Q3KScale(int j, const uint8_t* s) {
@@ -341,9 +316,7 @@ void DequantizeRowQ6_K(const void* src, float* dst, int64_t n) {
       for (int g = 0; g < 4; ++g) {
         for (int l = 0; l < 32; ++l) {
           const int i = 128 * half + 32 * g + l;
-          const int low = (blk.ql[64 * half + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0xF;
-          const int high = (blk.qh[32 * half + l] >> (2 * g)) & 3;
-          y[i] = d * blk.scales[i / 16] * ((low | (high << 4)) - 32);
+          y[i] = d * blk.scales[i / 16] * (Q6KCode(blk, i) - 32);
         }
       }
     }
@@ -440,12 +413,7 @@ void QuantizeRowQ6_K(const float* src, void* dst, int64_t n) {
     }
     std::memset(blk.ql, 0, sizeof(blk.ql));
     std::memset(blk.qh, 0, sizeof(blk.qh));
-    for (int i = 0; i < kSuperBlock; ++i) {
-      const int half = i / 128, g = (i % 128) / 32, l = i % 32;
-      const int v = L[i] + 32;
-      blk.ql[64 * half + 32 * (g % 2) + l] |= static_cast<uint8_t>((v & 0xF) << (4 * (g / 2)));
-      blk.qh[32 * half + l] |= static_cast<uint8_t>((v >> 4) << (2 * g));
-    }
+    for (int i = 0; i < kSuperBlock; ++i) SetQ6KCode(&blk, i, L[i] + 32);
   }
 }
 

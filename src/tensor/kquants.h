@@ -78,6 +78,46 @@ struct BlockQ6_K {
   int8_t scales[16];
   uint16_t d;  // x = d * sc * (q - 32), q in [0, 63]
 };
+
+// Q4_K/Q5_K pack eight 6-bit (scale, min) pairs into 12 bytes: pairs 0-3 sit in the low six
+// bits of bytes 0-3 (scales) and 4-7 (mins); pairs 4-7 keep their low nibbles in bytes 8-11
+// and their top two bits in the spare top bits of bytes 0-3 (scales) and 4-7 (mins).
+inline void GetScaleMinK4(int j, const uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// `s` must start zeroed; each pair only ORs in its own bits.
+inline void SetScaleMinK4(int j, int sc, int m, uint8_t* s) {
+  if (j < 4) {
+    s[j] |= static_cast<uint8_t>(sc);
+    s[j + 4] |= static_cast<uint8_t>(m);
+  } else {
+    s[j + 4] |= static_cast<uint8_t>((sc & 0xF) | ((m & 0xF) << 4));
+    s[j - 4] |= static_cast<uint8_t>((sc >> 4) << 6);
+    s[j] |= static_cast<uint8_t>((m >> 4) << 6);
+  }
+}
+
+// Q6_K code i (0..63, value = d * scale * (code - 32)); see the layout note above. SetQ6KCode
+// ORs the bits in, so the block's ql and qh must start zeroed.
+inline int Q6KCode(const BlockQ6_K& b, int i) {
+  const int half = i / 128, g = (i % 128) / 32, l = i % 32;
+  const int low = (b.ql[64 * half + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0xF;
+  const int high = (b.qh[32 * half + l] >> (2 * g)) & 3;
+  return low | (high << 4);
+}
+inline void SetQ6KCode(BlockQ6_K* b, int i, int code) {
+  const int half = i / 128, g = (i % 128) / 32, l = i % 32;
+  b->ql[64 * half + 32 * (g % 2) + l] |= static_cast<uint8_t>((code & 0xF) << (4 * (g / 2)));
+  b->qh[32 * half + l] |= static_cast<uint8_t>((code >> 4) << (2 * g));
+}
+
 #pragma pack(pop)
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
