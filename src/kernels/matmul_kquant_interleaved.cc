@@ -20,8 +20,10 @@
 
 namespace kvs::matmul_internal {
 
-// Scalar: the kernels exist only with AVX-512, but this keeps one definition of the scheme.
-void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
+namespace {
+
+// The scheme in scalar code: builds without AVX-512 (never reached: no kernel uses it there).
+[[maybe_unused]] void QuantizeQ8KScalar(const float* x, int64_t cols, KAct256* dst) {
   KVS_CHECK(cols % kSuperBlock == 0);
   for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
     const float* xb = x + b * kSuperBlock;
@@ -52,6 +54,8 @@ void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
       a.bsum32[j] = static_cast<float>(-(a.bias16[2 * j] + a.bias16[2 * j + 1]) / 32);
   }
 }
+
+}  // namespace
 
 #if KVS_MATMUL_AVX512
 
@@ -248,7 +252,8 @@ void Rows(const MatrixView& w, int64_t r0, int64_t r1, const KActs256& a, int64_
     // for more): independent dpbusd chains and memory streams.
     constexpr int kGroups = kQ4K ? 4 : 2;
     int64_t g = g_begin;
-    for (; g + kGroups <= g_end; g += kGroups) kTile<kQ4K, kGroups, 1>(w, g, a, t0, out, out_stride);
+    for (; g + kGroups <= g_end; g += kGroups)
+      kTile<kQ4K, kGroups, 1>(w, g, a, t0, out, out_stride);
     for (; g < g_end; ++g) kTile<kQ4K, 1, 1>(w, g, a, t0, out, out_stride);
     return;
   }
@@ -265,6 +270,47 @@ void Rows(const MatrixView& w, int64_t r0, int64_t r1, const KActs256& a, int64_
 
 }  // namespace
 
+void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
+  KVS_CHECK(cols % kSuperBlock == 0);
+  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
+    const float* xb = x + b * kSuperBlock;
+    KAct256& a = dst[b];
+    __m512 v[16];
+    __m512 amax_v = _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) {
+      v[i] = _mm512_loadu_ps(xb + 16 * i);
+      amax_v = _mm512_max_ps(amax_v, _mm512_abs_ps(v[i]));
+    }
+    const float amax = _mm512_reduce_max_ps(amax_v);
+    if (amax == 0.0f) {
+      std::memset(&a, 0, sizeof(a));
+      continue;
+    }
+    // The first value of that magnitude sets the sign, as in the scalar scheme.
+    float max = 0.0f;
+    for (int i = 0; i < 16; ++i) {
+      const __mmask16 hit =
+          _mm512_cmp_ps_mask(_mm512_abs_ps(v[i]), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      if (hit) {
+        max = xb[16 * i + __builtin_ctz(hit)];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    int32_t sum16[16];
+    for (int i = 0; i < 16; ++i) {
+      // cvtps rounds half to even under the default rounding mode, like nearbyint.
+      const __m512i q = _mm512_min_epi32(
+          _mm512_cvtps_epi32(_mm512_mul_ps(v[i], _mm512_set1_ps(iscale))), _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.qs + 16 * i), _mm512_cvtepi32_epi8(q));
+      sum16[i] = _mm512_reduce_add_epi32(q);
+    }
+    a.d = 1.0f / iscale;
+    for (int k = 0; k < 16; ++k) a.bias16[k] = -32 * sum16[k];
+    for (int j = 0; j < 8; ++j) a.bsum32[j] = static_cast<float>(sum16[2 * j] + sum16[2 * j + 1]);
+  }
+}
+
 void MatMulRowsInterleavedKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KActs256& a,
                                  int64_t t0, int64_t t1, float* out, int64_t out_stride) {
   KVS_CHECK(r0 % kInterleaveRows == 0 && r1 % kInterleaveRows == 0);
@@ -274,6 +320,10 @@ void MatMulRowsInterleavedKQuant(const MatrixView& w, int64_t r0, int64_t r1, co
 }
 
 #else
+
+void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
+  QuantizeQ8KScalar(x, cols, dst);
+}
 
 void MatMulRowsInterleavedKQuant(const MatrixView&, int64_t, int64_t, const KActs256&, int64_t,
                                  int64_t, float*, int64_t) {
