@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -15,6 +16,7 @@
 #include "kernels/matmul.h"
 #include "kernels/repack.h"
 #include "tensor/dtype.h"
+#include "tensor/kquants.h"
 #include "tensor/quantize.h"
 
 #if defined(__F16C__)
@@ -414,6 +416,47 @@ TEST(MatMul, FloatTypesMatchReference) {
   const std::vector<Shape> shapes = {{1, 1},  {7, 15},  {5, 16},  {17, 17},  {33, 33},
                                      {9, 96}, {2, 100}, {64, 31}, {3, 4100}, {18, 4096}};
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) CheckShapes(t, shapes, {1, 3, 8, 17});
+}
+
+// Types without a quantizer here (Q4_1, Q5_1, Q2_K, Q3_K) take the dequantize-per-row path:
+// random codes with sane f16 scales, checked against the reference like every other type.
+TEST(MatMul, DequantizedTypesMatchReference) {
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  for (DType t : {DType::kQ4_1, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K}) {
+    SCOPED_TRACE(DTypeName(t));
+    const int64_t rows = 37, cols = 512, n = 5;
+    const size_t rb = RowBytes(t, cols);
+    TestMatrix m;
+    m.bytes.resize(rb * rows);
+    for (uint8_t& b : m.bytes) b = static_cast<uint8_t>(rng());
+    const size_t block_bytes = Info(t).block_bytes;
+    std::uniform_real_distribution<float> scale(0.01f, 0.1f);
+    for (size_t off = 0; off < m.bytes.size(); off += block_bytes) {
+      uint8_t* blk = m.bytes.data() + off;
+      auto set = [&](size_t at, float v) {
+        const uint16_t h = F32ToF16(v);
+        std::memcpy(blk + at, &h, 2);
+      };
+      if (t == DType::kQ4_1 || t == DType::kQ5_1) {
+        set(0, scale(rng));
+        set(2, -scale(rng));
+      } else if (t == DType::kQ2_K) {
+        set(offsetof(BlockQ2_K, d), scale(rng));
+        set(offsetof(BlockQ2_K, dmin), scale(rng));
+      } else {
+        set(offsetof(BlockQ3_K, d), scale(rng));
+      }
+    }
+    m.view = MatrixView{t, m.bytes.data(), rows, cols, rb};
+    m.values.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) DequantizeRow(t, m.view.row(r), &m.values[r * cols], cols);
+    std::vector<float> x = Activations(n, cols, 6);
+    std::vector<float> ref(static_cast<size_t>(n * rows)), out(ref.size(), NAN);
+    MatMulReference(m.view, x.data(), n, ref.data());
+    MatMul(m.view, x.data(), n, out.data(), pool);
+    ExpectClose(m, x, n, out, ref, /*x_quantized=*/false);
+  }
 }
 
 TEST(MatMul, LargeMatrices) {

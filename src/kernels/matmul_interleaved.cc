@@ -72,11 +72,7 @@ struct Q8_0Groups {
   }
 };
 
-inline __m512i Broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
+using simd::Broadcast4;
 
 // G groups of 16 rows times T tokens; out rows [16 * g0, 16 * (g0 + G)).
 template <class F, int G, int T>

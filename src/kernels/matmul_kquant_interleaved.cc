@@ -65,16 +65,11 @@ constexpr size_t kQ4KGroupBlock = kInterleaveRows * sizeof(BlockQ4_K);  // 2304
 constexpr size_t kQ6KGroupBlock = kInterleaveRows * sizeof(BlockQ6_K);  // 3360
 constexpr size_t kPrefetchBytes = 2048;
 
-inline __m512i Broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
+using simd::Broadcast4;
+using simd::Halves16;
+
 inline __m512i Bytes16(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline __m512 Halves16(const uint8_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline void Prefetch(const uint8_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);

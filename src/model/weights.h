@@ -1,4 +1,4 @@
-// The model's tensors, as views into the mapped GGUF file (matrices stay in their stored
+// The model's tensors, as views into the loaded GGUF file (matrices stay in their stored
 // type) plus small f32 copies of the vectors (norms, biases), all shape-checked at load.
 #pragma once
 
