@@ -39,16 +39,16 @@ class ForwardPass {
   ThreadPool& pool_;
   int32_t reserved_tokens_ = 0;
   int32_t reserved_ctx_ = 0;
-  AlignedBuffer x_;       // [n][n_embd] residual stream
-  AlignedBuffer xn_;      // [n][n_embd] normalized input of a sublayer
-  AlignedBuffer q_;       // [n][n_head * head_dim_k]
-  AlignedBuffer k_;       // [n][n_head_kv * head_dim_k]
-  AlignedBuffer v_;       // [n][n_head_kv * head_dim_v]
-  AlignedBuffer att_;     // [n][n_head * head_dim_v]
-  AlignedBuffer gate_;    // [n][n_ff]
-  AlignedBuffer up_;      // [n][n_ff]
-  AlignedBuffer proj_;    // [n][max(n_embd, ...)] output of wo / w_down
-  AlignedBuffer rope_;    // [n][n_rot] cos/sin per token
+  AlignedBuffer x_;     // [n][n_embd] residual stream
+  AlignedBuffer xn_;    // [n][n_embd] normalized input of a sublayer
+  AlignedBuffer q_;     // [n][n_head * head_dim_k]
+  AlignedBuffer k_;     // [n][n_head_kv * head_dim_k]
+  AlignedBuffer v_;     // [n][n_head_kv * head_dim_v]
+  AlignedBuffer att_;   // [n][n_head * head_dim_v]
+  AlignedBuffer gate_;  // [n][n_ff]
+  AlignedBuffer up_;    // [n][n_ff]
+  AlignedBuffer proj_;  // [n][max(n_embd, ...)] output of wo / w_down
+  AlignedBuffer rope_;  // [n][n_rot] cos/sin per token
 };
 
 }  // namespace kvs
