@@ -96,24 +96,8 @@ constexpr int kDecodeGroups = 4;
 
 template <class F, int G>
 TileFn PickTokens(int64_t nt) {
-  switch (nt) {
-    case 1:
-      return Tile<F, G, 1>;
-    case 2:
-      return Tile<F, G, 2>;
-    case 3:
-      return Tile<F, G, 3>;
-    case 4:
-      return Tile<F, G, 4>;
-    case 5:
-      return Tile<F, G, 5>;
-    case 6:
-      return Tile<F, G, 6>;
-    case 7:
-      return Tile<F, G, 7>;
-    default:
-      return Tile<F, G, 8>;
-  }
+  return PickTokenCount<TileFn, kPrefillTokens>(
+      nt, [](auto tokens) -> TileFn { return Tile<F, G, decltype(tokens)::value>; });
 }
 
 template <class F>

@@ -117,8 +117,7 @@ void Tile(const MatrixView& w, int64_t g0, const FlatActs& a, int64_t t0, float*
       }
     }
     for (int g = 0; g < G; ++g) {
-      const __m512 ws =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups[g] + offset)));
+      const __m512 ws = simd::Halves16(groups[g] + offset);
       for (int t = 0; t < T; ++t) {
         const __m512 scale = _mm512_mul_ps(ws, _mm512_set1_ps(acts[t][b].scale));
         acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g][t]), scale, acc[g][t]);
@@ -141,16 +140,8 @@ constexpr int kDecodeGroups = 4;
 
 template <class F, int G>
 TileFn PickTokens(int64_t nt) {
-  switch (nt) {
-    case 1:
-      return Tile<F, G, 1>;
-    case 2:
-      return Tile<F, G, 2>;
-    case 3:
-      return Tile<F, G, 3>;
-    default:
-      return Tile<F, G, 4>;
-  }
+  return PickTokenCount<TileFn, kPrefillTokens>(
+      nt, [](auto tokens) -> TileFn { return Tile<F, G, decltype(tokens)::value>; });
 }
 
 template <class F>

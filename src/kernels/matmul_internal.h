@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/matmul.h"
 
@@ -166,6 +167,18 @@ TileFn PickTileShape(int64_t n_rows, int64_t n_tokens, const Make& make) {
     default:
       return with_rows(std::integral_constant<int, 4>{});
   }
+}
+
+// The tile kernel for n_tokens tokens, 1 <= n_tokens <= kMaxTokens (the kMaxTokens one for
+// anything larger): make(std::integral_constant<int, T>) returns the T-token instantiation.
+template <typename TileFn, int kMaxTokens, typename Make>
+TileFn PickTokenCount(int64_t n_tokens, const Make& make) {
+  return [&]<int... I>(std::integer_sequence<int, I...>) {
+    TileFn fn = make(std::integral_constant<int, kMaxTokens>{});
+    ((n_tokens == I + 1 ? (fn = make(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
+    return fn;
+  }
+  (std::make_integer_sequence<int, kMaxTokens>{});
 }
 
 }  // namespace kvs::matmul_internal
