@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "engine/generate.h"
-#include "model/forward.h"
+#include "engine/single_sequence.h"
 #include "testing/test_models.h"
 #include "testing/tiny_model.h"
 
@@ -82,16 +82,14 @@ TEST_P(TinyModelTest, PrefillMatchesTokenByTokenDecode) {
   const int32_t n = static_cast<int32_t>(tokens.size());
   ThreadPool pool(2);
 
-  SimpleKvCache cache_a(model->config(), 64);
-  ForwardPass fa(*model, pool);
+  SingleSequence fa(*model, pool, 64);
   std::vector<float> all(static_cast<size_t>(n) * V);
-  ASSERT_TRUE(fa.Run(tokens.data(), n, 0, cache_a, n, all.data()).ok());
+  ASSERT_TRUE(fa.Run(tokens.data(), n, 0, n, all.data()).ok());
 
-  SimpleKvCache cache_b(model->config(), 64);
-  ForwardPass fb(*model, pool);
+  SingleSequence fb(*model, pool, 64);
   std::vector<float> one(V);
   for (int32_t i = 0; i < n; ++i) {
-    ASSERT_TRUE(fb.Run(&tokens[i], 1, i, cache_b, 1, one.data()).ok());
+    ASSERT_TRUE(fb.Run(&tokens[i], 1, i, 1, one.data()).ok());
     double max_diff = 0, max_abs = 0;
     for (int32_t v = 0; v < V; ++v) {
       max_diff =
@@ -125,12 +123,11 @@ TEST_P(TinyModelTest, LogitsAreFiniteAndInputDependent) {
   auto model = Load();
   const int32_t V = model->config().n_vocab;
   ThreadPool pool(1);
-  SimpleKvCache cache(model->config(), 16);
-  ForwardPass f(*model, pool);
+  SingleSequence f(*model, pool, 16);
   std::vector<float> a(V), b(V);
   int32_t t1[] = {1, 10}, t2[] = {1, 11};
-  ASSERT_TRUE(f.Run(t1, 2, 0, cache, 1, a.data()).ok());
-  ASSERT_TRUE(f.Run(t2, 2, 0, cache, 1, b.data()).ok());
+  ASSERT_TRUE(f.Run(t1, 2, 0, 1, a.data()).ok());
+  ASSERT_TRUE(f.Run(t2, 2, 0, 1, b.data()).ok());
   double diff = 0;
   for (int32_t v = 0; v < V; ++v) {
     ASSERT_TRUE(std::isfinite(a[v]));
@@ -160,11 +157,10 @@ std::vector<float> LastLogits(gguf::Writer w, const std::vector<int32_t>& tokens
   auto model = Model::FromFile(std::move(*f));
   EXPECT_TRUE(model.ok()) << model.error();
   ThreadPool pool(1);
-  SimpleKvCache cache((*model)->config(), 32);
-  ForwardPass fwd(**model, pool);
+  SingleSequence fwd(**model, pool, 32);
   std::vector<float> logits((*model)->config().n_vocab);
   EXPECT_TRUE(
-      fwd.Run(tokens.data(), static_cast<int32_t>(tokens.size()), 0, cache, 1, logits.data()).ok());
+      fwd.Run(tokens.data(), static_cast<int32_t>(tokens.size()), 0, 1, logits.data()).ok());
   return logits;
 }
 
@@ -196,14 +192,13 @@ TEST(ForwardErrors, RejectsBadTokensAndFullContext) {
   auto model = Model::FromFile(std::move(*f));
   ASSERT_TRUE(model.ok());
   ThreadPool pool(1);
-  SimpleKvCache cache((*model)->config(), 4);
-  ForwardPass fwd(**model, pool);
+  SingleSequence fwd(**model, pool, 4);
   std::vector<float> logits((*model)->config().n_vocab);
   int32_t bad[] = {1, 100000};
-  auto st = fwd.Run(bad, 2, 0, cache, 1, logits.data());
+  auto st = fwd.Run(bad, 2, 0, 1, logits.data());
   EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
   int32_t ok[] = {1, 2, 3};
-  st = fwd.Run(ok, 3, 2, cache, 1, logits.data());
+  st = fwd.Run(ok, 3, 2, 1, logits.data());
   EXPECT_NE(st.message().find("context full"), std::string::npos) << st.message();
 }
 

@@ -9,7 +9,7 @@
 #include "cli/commands.h"
 #include "core/aligned.h"
 #include "core/thread_pool.h"
-#include "model/forward.h"
+#include "engine/single_sequence.h"
 
 namespace kvs::cli {
 namespace {
@@ -54,9 +54,8 @@ int RunSpeed(const SpeedArgs& a) {
   }
   const ModelConfig& c = (*model)->config();
   ThreadPool pool(a.threads);
-  ForwardPass forward(**model, pool);
   const int32_t n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
-  SimpleKvCache cache(c, n_ctx);
+  SingleSequence forward(**model, pool, n_ctx);
   std::vector<float> logits(c.n_vocab);
   // Random tokens, as llama-bench uses: the content does not change the work done.
   std::mt19937 rng(1234);
@@ -68,7 +67,7 @@ int RunSpeed(const SpeedArgs& a) {
   for (int32_t rep = -1; rep < a.reps; ++rep) {
     if (a.n_prompt > 0) {
       auto t0 = std::chrono::steady_clock::now();
-      Status st = forward.Run(prompt.data(), a.n_prompt, 0, cache, 1, logits.data());
+      Status st = forward.Run(prompt.data(), a.n_prompt, 0, 1, logits.data());
       if (!st.ok()) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
         return 1;
@@ -79,7 +78,7 @@ int RunSpeed(const SpeedArgs& a) {
       auto t0 = std::chrono::steady_clock::now();
       int32_t token = prompt[0];
       for (int32_t i = 0; i < a.n_gen; ++i) {
-        Status st = forward.Run(&token, 1, i, cache, 1, logits.data());
+        Status st = forward.Run(&token, 1, i, 1, logits.data());
         if (!st.ok()) {
           std::fprintf(stderr, "error: %s\n", st.message().c_str());
           return 1;

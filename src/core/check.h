@@ -12,6 +12,15 @@
     }                                                                               \
   } while (0)
 
+// The same, printing a message (a C string) that says what went wrong.
+#define KVS_CHECK_MSG(cond, msg)                                                            \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      std::fprintf(stderr, "%s:%d: check failed: %s: %s\n", __FILE__, __LINE__, #cond, msg); \
+      std::abort();                                                                         \
+    }                                                                                       \
+  } while (0)
+
 #ifdef NDEBUG
 #define KVS_DCHECK(cond) \
   do {                   \

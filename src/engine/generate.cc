@@ -5,7 +5,8 @@
 
 #include <chrono>
 
-#include "model/forward.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
 
 namespace kvs {
 namespace {
@@ -39,30 +40,40 @@ Expected<GenerateStats> Generate(const Model& model, const std::vector<int32_t>&
                   cache_tokens, cache_bytes / (1 << 30)));
   }
 
-  SimpleKvCache cache(c, cache_tokens);
-  ForwardPass forward(model, pool);
-  Sampler sampler(options.sampling, c.n_vocab);
-  std::vector<float> logits(c.n_vocab);
-  std::vector<int32_t> history = prompt;
+  if (budget == 0) return GenerateStats{static_cast<int32_t>(prompt.size()), 0, 0, 0};
+  // One request through the engine, in a pool of just the blocks it can use.
+  EngineConfig ec;
+  ec.n_ctx = cache_tokens + 1;  // the last sampled token is never computed
+  ec.max_seqs = 1;
+  ec.block_size = kKvBlockTokens;
+  ec.watermark_blocks = 0;
+  ec.n_blocks = (cache_tokens + kKvBlockTokens - 1) / kKvBlockTokens + 1;
+  ModelRunner runner(model, pool, ec.block_size, ec.n_blocks);
+  Engine engine(ec, runner);
+  RequestOptions ro;
+  ro.sampling = options.sampling;
+  ro.max_tokens = budget;
+  ro.stop_ids = options.stop_ids;
+
   GenerateStats stats;
   stats.n_prompt = static_cast<int32_t>(prompt.size());
-
-  auto t0 = std::chrono::steady_clock::now();
-  KVS_RETURN_IF_ERROR(forward.Run(prompt.data(), stats.n_prompt, 0, cache, 1, logits.data()));
-  stats.prompt_seconds = SecondsSince(t0);
-
-  auto t1 = std::chrono::steady_clock::now();
-  for (int32_t step = 0; step < budget; ++step) {
-    int32_t token = sampler.Sample(logits.data(), history);
-    history.push_back(token);
-    ++stats.n_generated;
-    bool stop = std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
-                options.stop_ids.end();
-    if (!on_token(token) || stop || step + 1 == budget) break;
-    KVS_RETURN_IF_ERROR(
-        forward.Run(&token, 1, static_cast<int32_t>(history.size()) - 1, cache, 1, logits.data()));
+  bool stop = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto t1 = t0;
+  auto id = engine.Submit(prompt, ro, [&](const TokenEvent& e) {
+    if (e.token < 0) return;
+    if (stats.n_generated++ == 0) {
+      t1 = std::chrono::steady_clock::now();
+      stats.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
+    }
+    if (!on_token(e.token)) stop = true;
+  });
+  if (!id.ok()) return id.status();
+  while (engine.HasWork()) {
+    KVS_RETURN_IF_ERROR(engine.Step());
+    if (stop) engine.Cancel(*id);
   }
-  stats.generate_seconds = SecondsSince(t1);
+  if (stats.n_generated > 0) stats.generate_seconds = SecondsSince(t1);
   return stats;
 }
 

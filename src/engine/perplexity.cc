@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "model/forward.h"
+#include "engine/single_sequence.h"
 
 namespace kvs {
 
@@ -25,8 +25,7 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   const int32_t first = n_ctx / 2;
   const int32_t n_scored_per_chunk = n_ctx - 1 - first;
 
-  SimpleKvCache cache(model.config(), n_ctx);
-  ForwardPass forward(model, pool);
+  SingleSequence seq(model, pool, n_ctx);
   std::vector<float> logits(static_cast<size_t>(n_ctx - first) * n_vocab);
   std::vector<int32_t> chunk(n_ctx);
   double nll = 0, nll2 = 0;
@@ -35,7 +34,7 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
               tokens.begin() + static_cast<size_t>(i + 1) * n_ctx, chunk.begin());
     if (bos_id >= 0) chunk[0] = bos_id;
     // Logits for positions first..n_ctx-1; the last one predicts past the chunk and is unused.
-    KVS_RETURN_IF_ERROR(forward.Run(chunk.data(), n_ctx, 0, cache, n_ctx - first, logits.data()));
+    KVS_RETURN_IF_ERROR(seq.Run(chunk.data(), n_ctx, 0, n_ctx - first, logits.data()));
     for (int32_t j = 0; j < n_scored_per_chunk; ++j) {
       const float* row = logits.data() + static_cast<size_t>(j) * n_vocab;
       float max = row[0];

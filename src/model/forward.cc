@@ -13,10 +13,8 @@ namespace kvs {
 ForwardPass::ForwardPass(const Model& model, ThreadPool& pool)
     : model_(model), c_(model.config()), pool_(pool) {}
 
-void ForwardPass::Reserve(int32_t n, int32_t n_ctx) {
-  if (n <= reserved_tokens_ && n_ctx <= reserved_ctx_) return;
-  n = std::max(n, reserved_tokens_);
-  n_ctx = std::max(n_ctx, reserved_ctx_);
+void ForwardPass::Reserve(int32_t n) {
+  if (n <= reserved_tokens_) return;
   const size_t N = n;
   x_.Resize(N * c_.n_embd);
   xn_.Resize(N * c_.n_embd);
@@ -29,40 +27,53 @@ void ForwardPass::Reserve(int32_t n, int32_t n_ctx) {
   proj_.Resize(N * c_.n_embd);
   rope_.Resize(N * c_.n_rot);
   reserved_tokens_ = n;
-  reserved_ctx_ = n_ctx;
 }
 
-Status ForwardPass::Run(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache,
-                        int32_t n_out, float* logits) {
+Status ForwardPass::Validate(const RaggedBatch& b, std::span<const KvLayerView> kv) const {
+  const int32_t n = b.n_tokens();
   if (n <= 0) return Status::Error("forward pass needs at least one token");
-  if (n_out < 0 || n_out > n) return Status::Error("n_out out of range");
-  if (pos0 < 0 || static_cast<int64_t>(pos0) + n > cache.n_ctx()) {
-    return Status::Error(StrFormat("context full: positions %d..%d exceed the context size %d",
-                                   pos0, pos0 + n - 1, cache.n_ctx()));
+  if (b.positions.size() != b.tokens.size() || b.slots.size() != b.tokens.size()) {
+    return Status::Error("batch: tokens, positions and slots differ in length");
+  }
+  if (static_cast<int32_t>(kv.size()) != c_.n_layer) {
+    return Status::Error("batch: the KV cache has a different number of layers than the model");
   }
   for (int32_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= c_.n_vocab) {
-      return Status::Error(
-          StrFormat("token id %d is outside the vocabulary (0..%d)", tokens[i], c_.n_vocab - 1));
+    if (b.tokens[i] < 0 || b.tokens[i] >= c_.n_vocab) {
+      return Status::Error(StrFormat("token id %d is outside the vocabulary (0..%d)", b.tokens[i],
+                                     c_.n_vocab - 1));
     }
   }
+  int32_t next = 0;
+  for (const BatchSequence& s : b.sequences) {
+    const int64_t end = static_cast<int64_t>(s.n_cached) + s.n_tokens;
+    if (s.first_token != next || s.n_tokens <= 0 || s.n_cached < 0 ||
+        end > static_cast<int64_t>(s.kv_blocks.size()) * kKvBlockTokens) {
+      return Status::Error("batch: a sequence's token range or block list is inconsistent");
+    }
+    next += s.n_tokens;
+  }
+  if (next != n) return Status::Error("batch: sequences do not cover the tokens exactly");
+  for (int32_t row : b.logit_rows) {
+    if (row < 0 || row >= n) return Status::Error("batch: logit row out of range");
+  }
+  return Status::Ok();
+}
+
+Status ForwardPass::Run(const RaggedBatch& b, std::span<const KvLayerView> kv, float* logits) {
+  KVS_RETURN_IF_ERROR(Validate(b, kv));
+  const int32_t n = b.n_tokens();
+  const int32_t n_out = static_cast<int32_t>(b.logit_rows.size());
+  Reserve(std::max(n, n_out));
+  Layers(b, kv);
+  if (n_out == 0) return Status::Ok();
   const ModelWeights& w = model_.weights();
-  for (int32_t start = 0; start < n; start += kMaxUbatch) {
-    const int32_t len = std::min(kMaxUbatch, n - start);
-    Reserve(len, cache.n_ctx());
-    RunUbatch(tokens + start, len, pos0 + start, cache);
-    // Logits for the rows of this ubatch that fall in the last n_out tokens.
-    const int32_t first_out = n - n_out;
-    const int32_t lo = std::max(first_out, start), hi = start + len;
-    if (lo >= hi) continue;
-    for (int32_t i = lo; i < hi; ++i) {
-      const float* xi = x_.data() + static_cast<size_t>(i - start) * c_.n_embd;
-      RmsNorm(xi, w.output_norm.data(), c_.n_embd, c_.rms_eps,
-              xn_.data() + static_cast<size_t>(i - lo) * c_.n_embd);
-    }
-    MatMul(w.output, xn_.data(), hi - lo, logits + static_cast<size_t>(lo - first_out) * c_.n_vocab,
-           pool_);
+  // xn_ row j is the normalized residual of logit row j (rows may repeat or come in any order).
+  for (int32_t j = 0; j < n_out; ++j) {
+    RmsNorm(x_.data() + static_cast<size_t>(b.logit_rows[j]) * c_.n_embd, w.output_norm.data(),
+            c_.n_embd, c_.rms_eps, xn_.data() + static_cast<size_t>(j) * c_.n_embd);
   }
+  MatMul(w.output, xn_.data(), n_out, logits, pool_);
   return Status::Ok();
 }
 
@@ -77,19 +88,20 @@ void ForwardPass::ForEachToken(int32_t n, const Fn& fn) {
   });
 }
 
-void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache) {
+void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) {
   const ModelWeights& w = model_.weights();
+  const int32_t n = b.n_tokens();
   const int32_t d = c_.n_embd;
   float* x = x_.data();
   float* xn = xn_.data();
 
   for (int32_t i = 0; i < n; ++i) {
-    ReadRow(w.token_embd, tokens[i], x + static_cast<size_t>(i) * d);
+    ReadRow(w.token_embd, b.tokens[i], x + static_cast<size_t>(i) * d);
   }
   RopeParams rope{c_.n_rot, c_.rope_freq_base, c_.rope_freq_scale, c_.rope_neox,
                   w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
   for (int32_t i = 0; i < n; ++i)
-    RopeAngles(pos0 + i, rope, rope_.data() + static_cast<size_t>(i) * c_.n_rot);
+    RopeAngles(b.positions[i], rope, rope_.data() + static_cast<size_t>(i) * c_.n_rot);
 
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -118,9 +130,9 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
         if (!L.k_norm.empty()) RmsNorm(kh, L.k_norm.data(), c_.head_dim_k, c_.rms_eps, kh);
         ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
       }
-      cache.Write(l, pos0 + i, ki, vi);
+      WriteKv(kv[l], b.slots[i], ki, vi);
     });
-    Attention(l, n, pos0, cache);
+    Attention(b, kv[l]);
     MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
 
@@ -139,37 +151,42 @@ void ForwardPass::RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, Simp
   }
 }
 
-void ForwardPass::Attention(int32_t layer, int32_t n, int32_t pos0, const SimpleKvCache& cache) {
+void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
   const int32_t group = c_.n_head / c_.n_head_kv;
   const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
                              1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
-  // A KV head's queries are its group's heads for every token, token-major, so that a kernel
-  // tile of four holds queries that see (nearly) the same keys. Jobs are chunks of them in
-  // head-major order: a thread's contiguous share is whole heads, each with the same causal
-  // triangle of work, and a head's keys stay in cache across its chunks.
-  const int32_t n_queries = n * group;
-  const int32_t chunks_per_head = (n_queries + kQueriesPerJob - 1) / kQueriesPerJob;
-  pool_.ParallelFor(
-      static_cast<size_t>(c_.n_head_kv) * chunks_per_head, 1, [&](int, size_t begin, size_t end) {
-        for (size_t job = begin; job < end; ++job) {
-          const int32_t g = static_cast<int32_t>(job / chunks_per_head);
-          const int32_t first = static_cast<int32_t>(job % chunks_per_head) * kQueriesPerJob;
-          const int32_t count = std::min(kQueriesPerJob, n_queries - first);
-          const float* q[kQueriesPerJob];
-          float* out[kQueriesPerJob];
-          int32_t n_keys[kQueriesPerJob];
-          for (int32_t k = 0; k < count; ++k) {
-            const int32_t i = (first + k) / group;
-            const int32_t h = g * group + (first + k) % group;
-            q[k] = q_.data() + static_cast<size_t>(i) * c_.q_dim() +
-                   static_cast<size_t>(h) * c_.head_dim_k;
-            out[k] = att_.data() + static_cast<size_t>(i) * c_.n_head * c_.head_dim_v +
-                     static_cast<size_t>(h) * c_.head_dim_v;
-            n_keys[k] = pos0 + i + 1;  // causal: itself and everything before
-          }
-          Attend(shape, cache.Head(layer, g), q, n_keys, count, out);
-        }
-      });
+  // A sequence's queries for one KV head are its group's heads for every token, token-major, so
+  // that a kernel tile of four holds queries that see (nearly) the same keys. Jobs are chunks of
+  // them in head-major order: a thread's contiguous share is whole heads, and a head's keys stay
+  // in cache across the chunks of one sequence.
+  chunks_.clear();
+  for (int32_t s = 0; s < static_cast<int32_t>(b.sequences.size()); ++s) {
+    const int32_t n_queries = b.sequences[s].n_tokens * group;
+    for (int32_t first = 0; first < n_queries; first += kQueriesPerJob) {
+      chunks_.push_back({s, first});
+    }
+  }
+  const size_t n_chunks = chunks_.size();
+  pool_.ParallelFor(c_.n_head_kv * n_chunks, 1, [&](int, size_t begin, size_t end) {
+    for (size_t job = begin; job < end; ++job) {
+      const int32_t g = static_cast<int32_t>(job / n_chunks);
+      const AttentionChunk& chunk = chunks_[job % n_chunks];
+      const BatchSequence& seq = b.sequences[chunk.seq];
+      const int32_t count = std::min(kQueriesPerJob, seq.n_tokens * group - chunk.first_query);
+      const float* q[kQueriesPerJob];
+      float* out[kQueriesPerJob];
+      int32_t n_keys[kQueriesPerJob];
+      for (int32_t k = 0; k < count; ++k) {
+        const int32_t t = (chunk.first_query + k) / group;  // token within the sequence
+        const size_t i = static_cast<size_t>(seq.first_token + t);
+        const int32_t h = g * group + (chunk.first_query + k) % group;
+        q[k] = q_.data() + i * c_.q_dim() + static_cast<size_t>(h) * c_.head_dim_k;
+        out[k] = att_.data() + i * c_.n_head * c_.head_dim_v + static_cast<size_t>(h) * c_.head_dim_v;
+        n_keys[k] = seq.n_cached + t + 1;  // causal: itself and everything before
+      }
+      Attend(shape, kv.Head(g, seq.kv_blocks.data()), q, n_keys, count, out);
+    }
+  });
 }
 
 }  // namespace kvs

@@ -1,35 +1,36 @@
-// One forward pass over a run of tokens of one sequence (llama, qwen2, qwen3).
+// One forward pass over a ragged batch (llama, qwen2, qwen3): the tokens of many sequences go
+// through every matmul together; attention runs per sequence over its blocks of the paged cache.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/aligned.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
-#include "model/kv_cache_simple.h"
+#include "kernels/kv_layer.h"
+#include "model/batch.h"
 #include "model/weights.h"
 
 namespace kvs {
 
 class ForwardPass {
  public:
-  // Longest run of tokens processed at once; longer inputs are split (bounds scratch memory).
-  static constexpr int32_t kMaxUbatch = 512;
   // Attention queries per pool job (a multiple of the kernel's tile of four).
   static constexpr int32_t kQueriesPerJob = 16;
 
   ForwardPass(const Model& model, ThreadPool& pool);
 
-  // Runs tokens[0..n) at positions pos0..pos0+n-1, storing their K/V in `cache`, and writes
-  // logits for the last n_out tokens into logits[n_out][n_vocab].
-  Status Run(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache, int32_t n_out,
-             float* logits);
+  // Runs the batch, writing each token's K/V into its slot of `kv` (one view per layer), and
+  // writes logits[logit_rows.size()][n_vocab]. Scratch memory grows to the largest batch seen.
+  Status Run(const RaggedBatch& batch, std::span<const KvLayerView> kv, float* logits);
 
  private:
-  void RunUbatch(const int32_t* tokens, int32_t n, int32_t pos0, SimpleKvCache& cache);
-  void Attention(int32_t layer, int32_t n, int32_t pos0, const SimpleKvCache& cache);
-  void Reserve(int32_t n, int32_t n_ctx);
+  Status Validate(const RaggedBatch& batch, std::span<const KvLayerView> kv) const;
+  void Layers(const RaggedBatch& batch, std::span<const KvLayerView> kv);
+  void Attention(const RaggedBatch& batch, const KvLayerView& kv);
+  void Reserve(int32_t n);
   // Runs fn(i) for every token of the ubatch, split over the pool when there are several.
   template <typename Fn>
   void ForEachToken(int32_t n, const Fn& fn);
@@ -38,7 +39,12 @@ class ForwardPass {
   const ModelConfig& c_;
   ThreadPool& pool_;
   int32_t reserved_tokens_ = 0;
-  int32_t reserved_ctx_ = 0;
+  // Attention jobs of the current batch: (sequence, first query) per chunk of kQueriesPerJob.
+  struct AttentionChunk {
+    int32_t seq;
+    int32_t first_query;
+  };
+  std::vector<AttentionChunk> chunks_;
   AlignedBuffer x_;     // [n][n_embd] residual stream
   AlignedBuffer xn_;    // [n][n_embd] normalized input of a sublayer
   AlignedBuffer q_;     // [n][n_head * head_dim_k]

@@ -1,0 +1,228 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace kvs {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+Status EngineConfig::Validate() const {
+  if (n_ctx < 2) return Status::Error(StrFormat("-c %d: the context must hold at least 2", n_ctx));
+  if (max_seqs < 1 || max_seqs > 65536) {
+    return Status::Error(StrFormat("-np %d: must be between 1 and 65536", max_seqs));
+  }
+  if (max_batch_tokens < 1 || max_batch_tokens > 65536) {
+    return Status::Error(
+        StrFormat("--max-batch-tokens %d: must be between 1 and 65536", max_batch_tokens));
+  }
+  if (block_size < 1) return Status::Error("--block-size must be positive");
+  const int64_t blocks_per_seq = (static_cast<int64_t>(n_ctx) + block_size - 1) / block_size;
+  const int32_t watermark = watermark_blocks >= 0 ? watermark_blocks : n_blocks / 100;
+  if (n_blocks - 1 - watermark < std::min<int64_t>(blocks_per_seq, 1)) {
+    return Status::Error(StrFormat("the KV memory holds %d blocks: too few for any sequence",
+                                   n_blocks - 1));
+  }
+  return Status::Ok();
+}
+
+Engine::Engine(const EngineConfig& config, StepRunner& runner)
+    : config_(config),
+      runner_(runner),
+      kv_(config.n_blocks, config.block_size,
+          config.watermark_blocks >= 0 ? config.watermark_blocks : config.n_blocks / 100),
+      scheduler_(SchedulerConfig{config.max_seqs, config.max_batch_tokens,
+                                 config.reserve_full_context ? config.n_ctx : 0},
+                 kv_) {
+  KVS_CHECK(config.Validate().ok());
+}
+
+Status Engine::ValidateRequest(const std::vector<int32_t>& prompt,
+                               const RequestOptions& o) const {
+  if (prompt.empty()) return Status::Error("the prompt is empty (no tokens to start from)");
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= runner_.n_vocab()) {
+      return Status::Error(StrFormat("prompt token %d is outside the vocabulary (0..%d)", t,
+                                     runner_.n_vocab() - 1));
+    }
+  }
+  if (static_cast<int64_t>(prompt.size()) >= config_.n_ctx) {
+    return Status::Error(StrFormat("the prompt has %zu tokens; the context (-c) holds %d",
+                                   prompt.size(), config_.n_ctx));
+  }
+  if (o.max_tokens < -1 || o.max_tokens == 0) {
+    return Status::Error(StrFormat("max_tokens %d: must be positive, or -1 for no limit",
+                                   o.max_tokens));
+  }
+  if (o.n < 1 || o.n > config_.max_seqs) {
+    return Status::Error(StrFormat("n = %d: must be between 1 and the number of parallel "
+                                   "sequences (-np %d)",
+                                   o.n, config_.max_seqs));
+  }
+  KVS_RETURN_IF_ERROR(o.sampling.Validate());
+  // Even alone, a sequence must fit the pool, or preemption could never make room for it.
+  int64_t positions = config_.n_ctx;
+  if (o.max_tokens > 0 && !config_.reserve_full_context) {
+    positions = std::min<int64_t>(positions, static_cast<int64_t>(prompt.size()) + o.max_tokens);
+  }
+  const int32_t need = kv_.BlocksFor(static_cast<int32_t>(positions));
+  const int32_t room = kv_.num_usable_blocks() - kv_.watermark_blocks();
+  if (need > room) {
+    return Status::Error(StrFormat(
+        "the request needs up to %lld positions of KV (%d blocks) but the KV memory holds %d "
+        "blocks of %d; raise --kv-memory, or lower -c or max_tokens",
+        static_cast<long long>(positions), need, room, kv_.block_size()));
+  }
+  return Status::Ok();
+}
+
+Sequence* Engine::NewSequence(RequestId request, int32_t choice, const RequestOptions& options) {
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_seq_++;
+  seq->request = request;
+  seq->choice = choice;
+  seq->priority = options.priority;
+  SamplingParams sampling = options.sampling;
+  sampling.seed += static_cast<uint64_t>(choice);
+  seq->sampler = std::make_unique<Sampler>(sampling, runner_.n_vocab());
+  Sequence* raw = seq.get();
+  sequences_.emplace(raw->id, std::move(seq));
+  requests_.at(request).live.push_back(raw);
+  return raw;
+}
+
+Expected<RequestId> Engine::Submit(std::vector<int32_t> prompt, const RequestOptions& options,
+                                   TokenCallback on_token) {
+  KVS_RETURN_IF_ERROR(ValidateRequest(prompt, options));
+  const RequestId id = next_request_++;
+  requests_.emplace(id, RequestState{options, std::move(on_token), {}});
+  Sequence* seq = NewSequence(id, 0, options);
+  seq->arrival = next_arrival_++;
+  seq->seats = options.n;
+  seq->n_prompt = static_cast<int32_t>(prompt.size());
+  seq->tokens = std::move(prompt);
+  scheduler_.AddWaiting(seq);
+  return id;
+}
+
+bool Engine::Cancel(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  std::vector<Sequence*> live = it->second.live;  // Finish edits the list
+  for (Sequence* seq : live) Finish(seq, FinishReason::kCancelled, -1);
+  return true;
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error) {
+  scheduler_.Remove(seq);
+  auto it = requests_.find(seq->request);
+  KVS_CHECK(it != requests_.end());
+  RequestState& r = it->second;
+  TokenEvent event{seq->request, seq->choice, token, true, reason, error};
+  r.live.erase(std::find(r.live.begin(), r.live.end(), seq));
+  sequences_.erase(seq->id);  // seq is gone from here on
+  TokenCallback callback = r.on_token;
+  if (r.live.empty()) requests_.erase(it);
+  if (callback) callback(event);
+}
+
+void Engine::Fork(Sequence* parent) {
+  const RequestOptions& options = requests_.at(parent->request).options;
+  for (int32_t c = 1; c < parent->seats; ++c) {
+    Sequence* child = NewSequence(parent->request, c, options);
+    child->arrival = parent->arrival;
+    child->tokens = parent->tokens;
+    child->n_prompt = parent->n_prompt;
+    child->n_computed = parent->n_computed;
+    KVS_CHECK(kv_.Fork(parent->id, child->id).ok());
+    scheduler_.AddRunning(child);
+  }
+  parent->seats = 1;
+}
+
+void Engine::SampleAndEmit(Sequence* seq, const float* logits) {
+  const RequestOptions& o = requests_.at(seq->request).options;
+  const int32_t token = seq->sampler->Sample(logits, seq->tokens);
+  seq->tokens.push_back(token);
+  FinishReason reason = FinishReason::kNone;
+  if (std::find(o.stop_ids.begin(), o.stop_ids.end(), token) != o.stop_ids.end()) {
+    reason = FinishReason::kStop;
+  } else if ((o.max_tokens > 0 && seq->n_output() >= o.max_tokens) ||
+             static_cast<int32_t>(seq->tokens.size()) >= config_.n_ctx) {
+    reason = FinishReason::kLength;
+  }
+  if (reason != FinishReason::kNone) {
+    Finish(seq, reason, token);
+    return;
+  }
+  const RequestState& r = requests_.at(seq->request);
+  if (r.on_token) r.on_token(TokenEvent{seq->request, seq->choice, token, false, reason, {}});
+}
+
+Status Engine::Step(EngineStepStats* stats) {
+  const SchedulePlan plan = scheduler_.Plan();
+  if (stats) *stats = EngineStepStats{};
+  if (plan.empty()) return Status::Ok();
+  copies_.clear();
+  scheduler_.Apply(plan, &copies_);
+
+  int32_t n_sampling = 0;
+  for (const ScheduledRun& r : plan.runs) n_sampling += RunSamples(r) ? 1 : 0;
+  logits_.resize(static_cast<size_t>(n_sampling) * runner_.n_vocab());
+  const Status status = runner_.Execute(StepInput{plan.runs, copies_, &kv_}, logits_.data());
+  if (!status.ok()) {
+    for (const ScheduledRun& r : plan.runs) {
+      if (sequences_.contains(r.seq->id)) Finish(r.seq, FinishReason::kError, -1, status.message());
+    }
+    return status;
+  }
+  if (stats) {
+    stats->n_tokens = plan.n_tokens;
+    stats->n_preempted = static_cast<int32_t>(plan.preempt.size());
+  }
+
+  // Runs are never finished sequences, and sampling only retires the sequence it samples.
+  int32_t row = 0;
+  for (const ScheduledRun& r : plan.runs) {
+    Sequence* seq = r.seq;
+    const bool samples = RunSamples(r);
+    seq->n_computed += r.n_tokens;
+    if (!samples) continue;
+    const float* logits = logits_.data() + static_cast<size_t>(row++) * runner_.n_vocab();
+    std::vector<Sequence*> choices{seq};
+    if (seq->seats > 1) {
+      Fork(seq);
+      for (Sequence* s : requests_.at(seq->request).live) {
+        if (s != seq) choices.push_back(s);
+      }
+    }
+    for (Sequence* s : choices) SampleAndEmit(s, logits);
+  }
+
+  if (config_.verify_each_step) {
+    const Status integrity = kv_.VerifyIntegrity();
+    KVS_CHECK_MSG(integrity.ok(), integrity.message().c_str());
+  }
+  if (stats) {
+    stats->n_running = static_cast<int32_t>(scheduler_.running().size());
+    stats->n_waiting = static_cast<int32_t>(scheduler_.waiting().size());
+    for (const Sequence* s : scheduler_.running()) {
+      stats->used_positions += kv_.Table(s->id).num_tokens;
+    }
+    stats->reserved_positions =
+        static_cast<int64_t>(kv_.num_usable_blocks() - kv_.num_free_blocks()) * kv_.block_size();
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvs

@@ -1,0 +1,89 @@
+// The engine: requests in, tokens out, one step at a time. Each step the scheduler plans, the
+// runner computes the plan as one ragged batch, and the engine samples, streams, forks n > 1
+// requests after their prefill, and retires finished sequences (freeing their blocks).
+// Single-threaded: AsyncEngine puts a thread and a thread-safe inbox in front of it.
+// Token callbacks run inside Step() and must not call back into the Engine.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/step_runner.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kvs {
+
+struct EngineConfig {
+  int32_t n_ctx = 4096;            // -c: most positions (prompt + output) one sequence may hold
+  int32_t max_seqs = 4;            // -np/--parallel
+  int32_t max_batch_tokens = 512;  // --max-batch-tokens
+  int32_t block_size = 16;         // --block-size
+  int32_t n_blocks = 0;            // pool size, null block included (from --kv-memory)
+  int32_t watermark_blocks = -1;   // -1: 1% of the pool
+  bool reserve_full_context = false;  // the contiguous baseline: admission reserves n_ctx
+  bool verify_each_step = false;      // KvCacheManager::VerifyIntegrity after every step
+
+  Status Validate() const;
+};
+
+struct EngineStepStats {
+  int32_t n_tokens = 0;  // computed this step
+  int32_t n_running = 0;
+  int32_t n_waiting = 0;
+  int32_t n_preempted = 0;
+  int64_t used_positions = 0;      // positions holding K/V, over running sequences
+  int64_t reserved_positions = 0;  // positions of the blocks in use
+};
+
+class Engine {
+ public:
+  Engine(const EngineConfig& config, StepRunner& runner);
+
+  // Queues a request; its tokens stream through on_token. Bad input is an error, never a crash.
+  Expected<RequestId> Submit(std::vector<int32_t> prompt, const RequestOptions& options,
+                             TokenCallback on_token);
+  Status ValidateRequest(const std::vector<int32_t>& prompt, const RequestOptions& options) const;
+  // Ends a request now: its blocks are freed before this returns; each live choice gets a
+  // kCancelled event. False when the request is unknown or already finished.
+  bool Cancel(RequestId id);
+
+  // One step. A runner failure fails the step's requests (kError events) and is returned.
+  Status Step(EngineStepStats* stats = nullptr);
+  bool HasWork() const { return !requests_.empty(); }
+
+  const EngineConfig& config() const { return config_; }
+  const KvCacheManager& kv() const { return kv_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+
+ private:
+  struct RequestState {
+    RequestOptions options;
+    TokenCallback on_token;
+    std::vector<Sequence*> live;
+  };
+
+  void Fork(Sequence* parent);
+  // Samples the next token of seq from logits, streams it, and retires seq when it is done.
+  void SampleAndEmit(Sequence* seq, const float* logits);
+  void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
+  Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
+
+  EngineConfig config_;
+  StepRunner& runner_;
+  KvCacheManager kv_;
+  Scheduler scheduler_;
+  std::map<RequestId, RequestState> requests_;
+  std::map<SeqId, std::unique_ptr<Sequence>> sequences_;
+  RequestId next_request_ = 1;
+  SeqId next_seq_ = 1;
+  int64_t next_arrival_ = 0;
+  std::vector<BlockCopy> copies_;
+  std::vector<float> logits_;
+};
+
+}  // namespace kvs

@@ -1,0 +1,38 @@
+#include "engine/model_runner.h"
+
+namespace kvs {
+
+KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size) {
+  return KvGeometry{c.n_layer, c.n_head_kv, c.head_dim_k, c.head_dim_v, block_size};
+}
+
+ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size,
+                         int32_t n_blocks)
+    : model_(model),
+      storage_(ModelKvGeometry(model.config(), block_size), n_blocks),
+      forward_(model, pool) {}
+
+Status ModelRunner::Execute(const StepInput& step, float* logits) {
+  const int32_t m = storage_.kernel_blocks_per_block();
+  for (const BlockCopy& copy : step.copies) {
+    for (const KvLayerView& layer : storage_.layers()) {
+      CopyKvBlocks(layer, static_cast<int64_t>(copy.src) * m, static_cast<int64_t>(copy.dst) * m,
+                   m);
+    }
+  }
+  batch_.Clear();
+  for (const ScheduledRun& r : step.runs) {
+    const Sequence& seq = *r.seq;
+    const BlockTable& table = step.kv->Table(seq.id);
+    std::vector<int32_t> kernel_blocks;
+    kernel_blocks.reserve(table.blocks.size() * m);
+    for (int32_t b : table.blocks) {
+      for (int32_t j = 0; j < m; ++j) kernel_blocks.push_back(b * m + j);
+    }
+    batch_.AddSequence(seq.tokens.data() + seq.n_computed, r.n_tokens, seq.n_computed,
+                       std::move(kernel_blocks), RunSamples(r) ? 1 : 0);
+  }
+  return forward_.Run(batch_, storage_.layers(), logits);
+}
+
+}  // namespace kvs

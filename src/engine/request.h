@@ -1,0 +1,66 @@
+// Requests and the sequences they run as. A request with n choices starts as one sequence;
+// when its prompt is computed it forks into n that share the prompt's blocks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kvs {
+
+using RequestId = int64_t;
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* FinishReasonName(FinishReason reason);  // "stop", "length", "cancelled", "error"
+
+struct RequestOptions {
+  SamplingParams sampling;
+  int32_t max_tokens = 128;  // per choice; -1: until a stop token or the context is full
+  std::vector<int32_t> stop_ids;
+  int32_t n = 1;         // choices, forked from one prefill; choice i samples with seed + i
+  int32_t priority = 0;  // higher runs first; first come, first served within a priority
+};
+
+// One streamed event: a new token of a choice, or its end (token -1 when it ended without
+// one: cancelled, or an error).
+struct TokenEvent {
+  RequestId request = 0;
+  int32_t choice = 0;
+  int32_t token = -1;
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  std::string error;  // for kError
+};
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
+// Sequence lifecycle: kWaiting (queued, or preempted with its blocks freed) -> kRunning (has
+// blocks, scheduled every step) -> kFinished. Preemption sends a running sequence back to
+// kWaiting with n_computed = 0; it keeps its tokens and recomputes them when readmitted.
+enum class SeqState { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  SeqId id = 0;
+  RequestId request = 0;
+  int32_t choice = 0;
+  int32_t priority = 0;
+  int64_t arrival = 0;  // submission order; kept across preemption (a preempted one goes first)
+  int32_t seats = 1;    // running slots it stands for: n until a request's prefill forks
+  SeqState state = SeqState::kWaiting;
+  std::vector<int32_t> tokens;  // prompt, then output
+  int32_t n_prompt = 0;
+  int32_t n_computed = 0;  // positions whose K/V is in the cache
+  int32_t n_preemptions = 0;
+  std::unique_ptr<Sampler> sampler;
+
+  int32_t n_output() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+  // Tokens not yet computed: the prompt (or everything after a preemption), else the last one.
+  int32_t n_pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+  bool in_prefill() const { return n_pending() > 1; }
+};
+
+}  // namespace kvs

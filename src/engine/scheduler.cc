@@ -1,0 +1,140 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace kvs {
+
+bool QueueBefore(const Sequence* a, const Sequence* b) {
+  if (a->priority != b->priority) return a->priority > b->priority;
+  if (a->arrival != b->arrival) return a->arrival < b->arrival;
+  return a->choice < b->choice;
+}
+
+namespace {
+void InsertOrdered(std::vector<Sequence*>& queue, Sequence* seq) {
+  queue.insert(std::upper_bound(queue.begin(), queue.end(), seq, QueueBefore), seq);
+}
+void Erase(std::vector<Sequence*>& queue, Sequence* seq) {
+  auto it = std::find(queue.begin(), queue.end(), seq);
+  if (it != queue.end()) queue.erase(it);
+}
+bool Contains(const std::vector<Sequence*>& v, const Sequence* seq) {
+  return std::find(v.begin(), v.end(), seq) != v.end();
+}
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : kv_(kv), config_(config) {
+  KVS_CHECK(config.max_seqs >= 1 && config.max_batch_tokens >= 1);
+}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+  seq->state = SeqState::kWaiting;
+  InsertOrdered(waiting_, seq);
+}
+
+void Scheduler::AddRunning(Sequence* seq) {
+  seq->state = SeqState::kRunning;
+  InsertOrdered(running_, seq);
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  Erase(running_, seq);
+  Erase(waiting_, seq);
+  kv_.Free(seq->id);
+  seq->state = SeqState::kFinished;
+}
+
+int32_t Scheduler::running_seats() const {
+  int32_t seats = 0;
+  for (const Sequence* s : running_) seats += s->seats;
+  return seats;
+}
+
+int32_t Scheduler::AdmissionBlocks(const Sequence& seq, int32_t n_tokens) const {
+  const int32_t grow = kv_.BlocksToAppend(seq.id, n_tokens);
+  if (config_.reserve_positions <= 0) return grow;
+  const int32_t have = static_cast<int32_t>(kv_.Table(seq.id).blocks.size());
+  return std::max(grow, kv_.BlocksFor(config_.reserve_positions) - have);
+}
+
+SchedulePlan Scheduler::Plan() const {
+  SchedulePlan plan;
+  int32_t free = kv_.num_free_blocks();
+  int32_t budget = config_.max_batch_tokens;
+  std::vector<const Sequence*> scheduled;
+
+  // Running sequences: decodes first, then prefill chunks, each group in queue order.
+  std::vector<Sequence*> order;
+  for (Sequence* s : running_) {
+    if (!s->in_prefill()) order.push_back(s);
+  }
+  for (Sequence* s : running_) {
+    if (s->in_prefill()) order.push_back(s);
+  }
+  for (Sequence* seq : order) {
+    if (budget == 0) break;
+    if (Contains(plan.preempt, seq)) continue;
+    const int32_t n = std::min(seq->n_pending(), budget);
+    if (n <= 0) continue;
+    const int32_t need = kv_.BlocksToAppend(seq->id, n);
+    while (need > free) {
+      // The victim: the last running sequence in queue order not yet planned, else seq itself.
+      Sequence* victim = seq;
+      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+        if (*it != seq && !Contains(plan.preempt, *it) &&
+            std::find(scheduled.begin(), scheduled.end(), *it) == scheduled.end()) {
+          victim = *it;
+          break;
+        }
+      }
+      plan.preempt.push_back(victim);
+      free += kv_.BlocksFreedBy(victim->id);
+      if (victim == seq) break;
+    }
+    if (Contains(plan.preempt, seq)) continue;
+    plan.runs.push_back({seq, n});
+    scheduled.push_back(seq);
+    free -= need;
+    budget -= n;
+  }
+
+  // Admissions, in queue order, never past a sequence that does not fit (no overtaking).
+  if (plan.preempt.empty()) {
+    int32_t seats = running_seats();
+    for (Sequence* seq : waiting_) {
+      if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
+      const int32_t n = std::min(seq->n_pending(), budget);
+      const int32_t need = AdmissionBlocks(*seq, n);
+      if (free - need < kv_.watermark_blocks()) break;
+      plan.admit.push_back(seq);
+      plan.runs.push_back({seq, n});
+      free -= need;
+      budget -= n;
+      seats += seq->seats;
+    }
+  }
+  for (const ScheduledRun& r : plan.runs) plan.n_tokens += r.n_tokens;
+  return plan;
+}
+
+void Scheduler::Apply(const SchedulePlan& plan, std::vector<BlockCopy>* copies) {
+  for (Sequence* seq : plan.preempt) {
+    Erase(running_, seq);
+    kv_.Free(seq->id);
+    seq->n_computed = 0;
+    ++seq->n_preemptions;
+    AddWaiting(seq);
+  }
+  for (Sequence* seq : plan.admit) {
+    Erase(waiting_, seq);
+    AddRunning(seq);
+    if (config_.reserve_positions > 0) KVS_CHECK(kv_.Reserve(seq->id, config_.reserve_positions));
+  }
+  for (const ScheduledRun& r : plan.runs) {
+    KVS_CHECK(kv_.Append(r.seq->id, r.n_tokens, copies));
+  }
+}
+
+}  // namespace kvs

@@ -1,0 +1,72 @@
+// The scheduler: each step it looks at the running and waiting sequences, the token budget and
+// the free blocks, and makes a plan: which sequences run and how many tokens each, which are
+// preempted, which are admitted. Planning does not mutate; Apply carries the plan out on the
+// KV cache manager (whose allocations then cannot fail).
+//
+// Policy (vLLM-style continuous batching): running sequences first, decodes before prefill
+// chunks; each takes min(pending tokens, budget left), so long prompts are prefilled in chunks.
+// When blocks run out, the lowest-priority, latest-arrived running sequence is preempted
+// (recompute: its blocks are freed and it rejoins the queue at its old place). New sequences
+// are admitted in order (priority, then arrival) only when no one was preempted this step,
+// seats (-np) remain, and their first chunk's blocks leave the watermark free.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/request.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kvs {
+
+struct SchedulerConfig {
+  int32_t max_seqs = 4;            // -np: sequences running at once
+  int32_t max_batch_tokens = 512;  // tokens per step, prefill chunks and decodes together
+  int32_t reserve_positions = 0;   // > 0: reserve this many positions on admission (contiguous)
+};
+
+struct ScheduledRun {
+  Sequence* seq = nullptr;
+  int32_t n_tokens = 0;  // computes tokens [n_computed, n_computed + n_tokens)
+};
+
+struct SchedulePlan {
+  std::vector<ScheduledRun> runs;  // decodes first, then prefill chunks, then admissions
+  std::vector<Sequence*> preempt;
+  std::vector<Sequence*> admit;
+  int32_t n_tokens = 0;
+  bool empty() const { return runs.empty() && preempt.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, KvCacheManager& kv);
+
+  const SchedulerConfig& config() const { return config_; }
+  void AddWaiting(Sequence* seq);
+  // A fork of a running sequence (already holding its blocks) joins the running set directly.
+  void AddRunning(Sequence* seq);
+  // Drops a finished or cancelled sequence and frees its blocks at once.
+  void Remove(Sequence* seq);
+
+  SchedulePlan Plan() const;
+  // Preempts, admits and allocates; block copies (copy-on-write) are appended to *copies.
+  void Apply(const SchedulePlan& plan, std::vector<BlockCopy>* copies);
+
+  const std::vector<Sequence*>& running() const { return running_; }
+  const std::vector<Sequence*>& waiting() const { return waiting_; }
+  int32_t running_seats() const;
+  // Blocks a sequence needs to be admitted with its first n tokens.
+  int32_t AdmissionBlocks(const Sequence& seq, int32_t n_tokens) const;
+
+ private:
+  KvCacheManager& kv_;
+  SchedulerConfig config_;
+  std::vector<Sequence*> running_;  // in queue order: priority high to low, then arrival
+  std::vector<Sequence*> waiting_;  // same order
+};
+
+// Queue order: higher priority first, then earlier arrival, then choice.
+bool QueueBefore(const Sequence* a, const Sequence* b);
+
+}  // namespace kvs

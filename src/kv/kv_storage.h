@@ -1,0 +1,48 @@
+// The KV memory: one reservation, cut into blocks of block_size positions in every layer. The
+// pool (KvCacheManager) hands out block ids; this class only owns the bytes and tells the
+// kernels where a layer's blocks are (kernels/kv_layer.h gives the layout inside a layer).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/status.h"
+#include "kernels/kv_layer.h"
+
+namespace kvs {
+
+struct KvGeometry {
+  int32_t n_layer = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim_k = 0;
+  int32_t head_dim_v = 0;
+  int32_t block_size = 16;  // positions per pool block, a multiple of kKvBlockTokens
+
+  // K and V bytes of one position in all layers, and of one pool block.
+  size_t BytesPerToken() const;
+  size_t BytesPerBlock() const { return BytesPerToken() * block_size; }
+  Status Validate() const;
+};
+
+class KvStorage {
+ public:
+  // n_blocks counts the null block, which is allocated too (never written, never read).
+  KvStorage(const KvGeometry& geometry, int32_t n_blocks);
+
+  const KvGeometry& geometry() const { return geometry_; }
+  int32_t num_blocks() const { return n_blocks_; }
+  size_t bytes() const { return geometry_.BytesPerBlock() * n_blocks_; }
+  // Kernel blocks (16 positions) per pool block.
+  int32_t kernel_blocks_per_block() const { return geometry_.block_size / kKvBlockTokens; }
+  const std::vector<KvLayerView>& layers() const { return layers_; }
+
+ private:
+  KvGeometry geometry_;
+  int32_t n_blocks_;
+  AlignedPtr<float> memory_;  // [n_layer][K: n_blocks * block_size * k_dim | V: ... v_dim]
+  std::vector<KvLayerView> layers_;
+};
+
+}  // namespace kvs
