@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/kv_cache_manager.h"
 
 namespace kvs {
 namespace {
@@ -86,6 +87,148 @@ TEST(BlockPool, MisuseIsRefusedWithoutDamage) {
   ExpectIntact(pool);
   EXPECT_EQ(pool.ref_count(1), 1);
   EXPECT_EQ(pool.num_free(), 2);
+}
+
+// --- Block tables over the pool: fake sequences, exact block ids, integrity after each step.
+
+void ExpectIntact(const KvCacheManager& kv) {
+  const Status s = kv.VerifyIntegrity();
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+bool Append(KvCacheManager& kv, SeqId seq, int32_t n, std::vector<BlockCopy>* copies = nullptr) {
+  std::vector<BlockCopy> ignored;
+  const bool ok = kv.Append(seq, n, copies ? copies : &ignored);
+  ExpectIntact(kv);
+  return ok;
+}
+
+TEST(KvCacheManager, AppendGrowsAcrossBlockBoundaries) {
+  KvCacheManager kv(9, 4);  // 8 usable blocks of 4 positions
+  EXPECT_EQ(kv.BlocksToAppend(7, 5), 2);
+  ASSERT_TRUE(Append(kv, 7, 5));  // positions 0..4
+  EXPECT_EQ(kv.Table(7).blocks, (Ids{1, 2}));
+  EXPECT_EQ(kv.Table(7).num_tokens, 5);
+  EXPECT_EQ(kv.BlocksToAppend(7, 3), 0);  // fits the partial block
+  ASSERT_TRUE(Append(kv, 7, 3));
+  EXPECT_EQ(kv.Table(7).blocks, (Ids{1, 2}));
+  EXPECT_EQ(kv.BlocksToAppend(7, 1), 1);
+  ASSERT_TRUE(Append(kv, 7, 1));  // position 8 opens block 3
+  EXPECT_EQ(kv.Table(7).blocks, (Ids{1, 2, 3}));
+  ASSERT_TRUE(Append(kv, 8, 2));  // a second sequence
+  EXPECT_EQ(kv.Table(8).blocks, (Ids{4}));
+  ASSERT_TRUE(Append(kv, 7, 4));
+  EXPECT_EQ(kv.Table(7).blocks, (Ids{1, 2, 3, 5}));
+  // Slots: block id * 4 + offset.
+  EXPECT_EQ(kv.Slot(7, 0), 4);
+  EXPECT_EQ(kv.Slot(7, 5), 9);
+  EXPECT_EQ(kv.Slot(7, 12), 20);
+  EXPECT_EQ(kv.Slot(8, 1), 17);
+  EXPECT_EQ(kv.num_free_blocks(), 3);
+}
+
+TEST(KvCacheManager, ExhaustionIsANormalAllOrNothingResult) {
+  KvCacheManager kv(5, 4);  // 4 usable blocks
+  ASSERT_TRUE(Append(kv, 1, 10));  // 3 blocks
+  EXPECT_FALSE(Append(kv, 2, 5));  // needs 2, 1 free: nothing taken
+  EXPECT_FALSE(kv.Contains(2));
+  EXPECT_EQ(kv.num_free_blocks(), 1);
+  EXPECT_FALSE(Append(kv, 1, 7));  // 10 + 7 = 17 positions need 5 blocks
+  EXPECT_EQ(kv.Table(1).num_tokens, 10);
+  EXPECT_EQ(kv.Table(1).blocks, (Ids{1, 2, 3}));
+  ASSERT_TRUE(Append(kv, 2, 4));
+  EXPECT_EQ(kv.Table(2).blocks, (Ids{4}));
+  EXPECT_EQ(kv.num_free_blocks(), 0);
+}
+
+TEST(KvCacheManager, FreeReturnsTheTailFirstInLruOrder) {
+  KvCacheManager kv(9, 4);
+  ASSERT_TRUE(Append(kv, 1, 12));  // 1 2 3
+  ASSERT_TRUE(Append(kv, 2, 4));   // 4
+  kv.Free(1);
+  ExpectIntact(kv);
+  EXPECT_FALSE(kv.Contains(1));
+  EXPECT_EQ(kv.num_free_blocks(), 7);
+  // Free list: 5 6 7 8 (never used), then 3 2 1 (seq 1's tail first).
+  ASSERT_TRUE(Append(kv, 3, 28));
+  EXPECT_EQ(kv.Table(3).blocks, (Ids{5, 6, 7, 8, 3, 2, 1}));
+  kv.Free(42);  // unknown: nothing happens
+  ExpectIntact(kv);
+}
+
+TEST(KvCacheManager, ForkSharesBlocksAndCopiesTheSharedPartialBlockOnWrite) {
+  KvCacheManager kv(9, 4);
+  ASSERT_TRUE(Append(kv, 1, 6));  // 1 2 (block 2 half full)
+  ASSERT_TRUE(kv.Fork(1, 2).ok());
+  ExpectIntact(kv);
+  EXPECT_EQ(kv.Table(2).blocks, (Ids{1, 2}));
+  EXPECT_EQ(kv.pool().ref_count(1), 2);
+  EXPECT_EQ(kv.pool().ref_count(2), 2);
+  EXPECT_EQ(kv.BlocksFreedBy(1), 0);
+  // The child writes position 6: block 2 is shared and partial, so it gets a copy.
+  EXPECT_EQ(kv.BlocksToAppend(2, 1), 1);
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(Append(kv, 2, 1, &copies));
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].src, 2);
+  EXPECT_EQ(copies[0].dst, 3);
+  EXPECT_EQ(kv.Table(2).blocks, (Ids{1, 3}));
+  EXPECT_EQ(kv.pool().ref_count(2), 1);
+  // The parent now holds block 2 alone: its write needs no copy.
+  copies.clear();
+  EXPECT_EQ(kv.BlocksToAppend(1, 1), 0);
+  ASSERT_TRUE(Append(kv, 1, 1, &copies));
+  EXPECT_TRUE(copies.empty());
+  EXPECT_EQ(kv.Table(1).blocks, (Ids{1, 2}));
+  // Freeing the parent leaves the shared first block to the child.
+  kv.Free(1);
+  ExpectIntact(kv);
+  EXPECT_EQ(kv.pool().ref_count(1), 1);
+  EXPECT_EQ(kv.num_free_blocks(), 6);
+  EXPECT_FALSE(kv.Fork(1, 5).ok());  // no parent
+  EXPECT_FALSE(kv.Fork(2, 2).ok());  // child exists
+  ExpectIntact(kv);
+}
+
+TEST(KvCacheManager, ForkAtABlockBoundaryNeedsNoCopy) {
+  KvCacheManager kv(9, 4);
+  ASSERT_TRUE(Append(kv, 1, 8));  // 1 2, both full
+  ASSERT_TRUE(kv.Fork(1, 2).ok());
+  std::vector<BlockCopy> copies;
+  EXPECT_EQ(kv.BlocksToAppend(2, 1), 1);
+  ASSERT_TRUE(Append(kv, 2, 1, &copies));
+  ASSERT_TRUE(Append(kv, 1, 1, &copies));
+  EXPECT_TRUE(copies.empty());
+  EXPECT_EQ(kv.Table(2).blocks, (Ids{1, 2, 3}));
+  EXPECT_EQ(kv.Table(1).blocks, (Ids{1, 2, 4}));
+}
+
+TEST(KvCacheManager, CopyOnWriteNeedsABlockAndFailsCleanlyWithoutOne) {
+  KvCacheManager kv(3, 4);  // 2 usable
+  ASSERT_TRUE(Append(kv, 1, 6));  // 1 2
+  ASSERT_TRUE(kv.Fork(1, 2).ok());
+  EXPECT_FALSE(Append(kv, 2, 1));  // the copy needs a free block
+  EXPECT_EQ(kv.Table(2).blocks, (Ids{1, 2}));
+  EXPECT_EQ(kv.Table(2).num_tokens, 6);
+  EXPECT_EQ(kv.pool().ref_count(2), 2);
+}
+
+TEST(KvCacheManager, ReserveTakesTheWholeContextUpFront) {
+  KvCacheManager kv(9, 4);
+  ASSERT_TRUE(kv.Reserve(1, 16));  // a contiguous-style reservation: 4 blocks
+  ExpectIntact(kv);
+  EXPECT_EQ(kv.Table(1).blocks, (Ids{1, 2, 3, 4}));
+  EXPECT_EQ(kv.BlocksToAppend(1, 16), 0);
+  ASSERT_TRUE(Append(kv, 1, 10));
+  EXPECT_EQ(kv.Table(1).blocks, (Ids{1, 2, 3, 4}));
+  EXPECT_FALSE(kv.Reserve(2, 20));  // 5 blocks, 4 free
+  EXPECT_EQ(kv.num_free_blocks(), 4);
+}
+
+TEST(KvCacheManager, WatermarkLimitsAdmission) {
+  KvCacheManager kv(11, 4, /*watermark_blocks=*/2);  // 10 usable
+  EXPECT_TRUE(kv.CanAdmit(8));
+  EXPECT_FALSE(kv.CanAdmit(9));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ struct BlockTable {
 struct BlockCopy {
   int32_t src = 0;
   int32_t dst = 0;
+  bool operator==(const BlockCopy&) const = default;
 };
 
 class KvCacheManager {

@@ -1,0 +1,308 @@
+// The scheduler and engine with a fake model runner: exact plans step by step (chunked prefill,
+// token budget, decode first, admission, preemption and resume, cancellation, fairness, forks),
+// with the KV bookkeeping verified after every step.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace kvs {
+namespace {
+
+constexpr int32_t kVocab = 64;
+
+// The "model": the next token is a hash of every token before it, so a sequence's output
+// depends on all of its history (a recompute after preemption must reproduce it exactly).
+int32_t NextToken(const std::vector<int32_t>& tokens, size_t n) {
+  uint32_t h = 17;
+  for (size_t i = 0; i < n; ++i) h = h * 31 + static_cast<uint32_t>(tokens[i]);
+  return static_cast<int32_t>(h % (kVocab - 2)) + 2;  // never 0 or 1 (stop tokens in tests)
+}
+
+struct RunRecord {
+  SeqId seq;
+  int32_t n_computed;
+  int32_t n_tokens;
+  bool operator==(const RunRecord&) const = default;
+};
+
+class FakeRunner final : public StepRunner {
+ public:
+  int32_t n_vocab() const override { return kVocab; }
+  Status Execute(const StepInput& step, float* logits) override {
+    steps.emplace_back();
+    copies.insert(copies.end(), step.copies.begin(), step.copies.end());
+    int32_t row = 0;
+    for (const ScheduledRun& r : step.runs) {
+      const Sequence& s = *r.seq;
+      steps.back().push_back({s.id, s.n_computed, r.n_tokens});
+      // The tables must already hold the slots this step writes.
+      EXPECT_GE(step.kv->Table(s.id).num_tokens, s.n_computed + r.n_tokens);
+      if (!RunSamples(r)) continue;
+      float* out = logits + static_cast<size_t>(row++) * kVocab;
+      std::fill(out, out + kVocab, 0.f);
+      out[NextToken(s.tokens, s.tokens.size())] = 10.f;
+    }
+    return Status::Ok();
+  }
+  std::vector<std::vector<RunRecord>> steps;
+  std::vector<BlockCopy> copies;
+};
+
+struct Collected {
+  std::map<int32_t, std::vector<int32_t>> tokens;  // per choice
+  std::map<int32_t, FinishReason> finish;
+};
+
+RequestOptions Greedy(int32_t max_tokens, int32_t n = 1) {
+  RequestOptions o;
+  o.sampling.temperature = 0;
+  o.max_tokens = max_tokens;
+  o.n = n;
+  return o;
+}
+
+EngineConfig Config(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t budget) {
+  EngineConfig c;
+  c.n_ctx = 256;
+  c.n_blocks = n_blocks;
+  c.block_size = block_size;
+  c.max_seqs = max_seqs;
+  c.max_batch_tokens = budget;
+  c.watermark_blocks = 0;
+  c.verify_each_step = true;
+  return c;
+}
+
+std::vector<int32_t> Prompt(int32_t n, int32_t seed) {
+  std::vector<int32_t> p;
+  for (int32_t i = 0; i < n; ++i) p.push_back(2 + (seed * 7 + i * 3) % (kVocab - 2));
+  return p;
+}
+
+// What a request produces alone, without any batching: the fake model applied token by token.
+std::vector<int32_t> Expected(std::vector<int32_t> tokens, int32_t n_out) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < n_out; ++i) {
+    out.push_back(NextToken(tokens, tokens.size()));
+    tokens.push_back(out.back());
+  }
+  return out;
+}
+
+RequestId Submit(Engine& e, std::vector<int32_t> prompt, const RequestOptions& o, Collected* c) {
+  auto id = e.Submit(std::move(prompt), o, [c](const TokenEvent& ev) {
+    if (ev.token >= 0) c->tokens[ev.choice].push_back(ev.token);
+    if (ev.finished) c->finish[ev.choice] = ev.reason;
+  });
+  EXPECT_TRUE(id.ok()) << id.error();
+  return id.ok() ? *id : -1;
+}
+
+void RunToEnd(Engine& e, int max_steps = 1000) {
+  for (int i = 0; i < max_steps && e.HasWork(); ++i) ASSERT_TRUE(e.Step().ok());
+  ASSERT_FALSE(e.HasWork()) << "still running after " << max_steps << " steps";
+}
+
+TEST(Scheduler, ChunkedPrefillThenOneTokenPerStep) {
+  FakeRunner runner;
+  Engine e(Config(32, 16, 4, 8), runner);
+  Collected c;
+  Submit(e, Prompt(20, 1), Greedy(3), &c);
+  RunToEnd(e);
+  // Seq 1: the prompt in chunks of 8, 8, 4 (the last samples), then 2 decodes.
+  const std::vector<std::vector<RunRecord>> want = {
+      {{1, 0, 8}}, {{1, 8, 8}}, {{1, 16, 4}}, {{1, 20, 1}}, {{1, 21, 1}}};
+  EXPECT_EQ(runner.steps, want);
+  EXPECT_EQ(c.tokens[0], Expected(Prompt(20, 1), 3));
+  EXPECT_EQ(c.finish[0], FinishReason::kLength);
+  EXPECT_EQ(e.kv().num_free_blocks(), 31);
+}
+
+TEST(Scheduler, TokenBudgetDecodesFirstThenPrefillThenAdmissions) {
+  FakeRunner runner;
+  Engine e(Config(32, 16, 4, 8), runner);
+  Collected a, b, c;
+  Submit(e, Prompt(6, 1), Greedy(4), &a);  // seq 1
+  Submit(e, Prompt(6, 2), Greedy(4), &b);  // seq 2
+  Submit(e, Prompt(6, 3), Greedy(4), &c);  // seq 3
+  ASSERT_TRUE(e.Step().ok());
+  ASSERT_TRUE(e.Step().ok());
+  ASSERT_TRUE(e.Step().ok());
+  const std::vector<std::vector<RunRecord>> want = {
+      {{1, 0, 6}, {2, 0, 2}},             // A whole, B's first chunk: budget 8 used
+      {{1, 6, 1}, {2, 2, 4}, {3, 0, 3}},  // A decodes first, B finishes its prompt, C starts
+      {{1, 7, 1}, {2, 6, 1}, {3, 3, 3}},
+  };
+  EXPECT_EQ(runner.steps, want);
+  RunToEnd(e);
+  for (const auto& step : runner.steps) {
+    int32_t n = 0;
+    for (const RunRecord& r : step) n += r.n_tokens;
+    EXPECT_LE(n, 8);
+  }
+  EXPECT_EQ(a.tokens[0], Expected(Prompt(6, 1), 4));
+  EXPECT_EQ(b.tokens[0], Expected(Prompt(6, 2), 4));
+  EXPECT_EQ(c.tokens[0], Expected(Prompt(6, 3), 4));
+}
+
+TEST(Scheduler, ParallelLimitAdmitsInArrivalOrder) {
+  FakeRunner runner;
+  Engine e(Config(64, 16, 2, 64), runner);
+  Collected r[4];
+  for (int i = 0; i < 4; ++i) Submit(e, Prompt(4, i), Greedy(3 + i), &r[i]);
+  ASSERT_TRUE(e.Step().ok());
+  EXPECT_EQ(e.scheduler().running().size(), 2u);
+  EXPECT_EQ(e.scheduler().waiting().size(), 2u);
+  EXPECT_EQ(runner.steps[0], (std::vector<RunRecord>{{1, 0, 4}, {2, 0, 4}}));
+  RunToEnd(e);
+  // Seq 1 ends after 3 tokens (3 steps); seq 3 takes its seat in the next step, seq 4 after seq 2.
+  EXPECT_EQ(runner.steps[3], (std::vector<RunRecord>{{2, 6, 1}, {3, 0, 4}}));
+  EXPECT_EQ(runner.steps[4], (std::vector<RunRecord>{{3, 4, 1}, {4, 0, 4}}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r[i].tokens[0], Expected(Prompt(4, i), 3 + i));
+}
+
+TEST(Scheduler, PriorityGoesFirstAndFcfsWithinAPriority) {
+  FakeRunner runner;
+  Engine e(Config(64, 16, 1, 64), runner);
+  Collected r[3];
+  RequestOptions low = Greedy(1), high = Greedy(1);
+  high.priority = 5;
+  Submit(e, Prompt(4, 0), low, &r[0]);   // seq 1
+  Submit(e, Prompt(4, 1), low, &r[1]);   // seq 2
+  Submit(e, Prompt(4, 2), high, &r[2]);  // seq 3
+  RunToEnd(e);
+  ASSERT_EQ(runner.steps.size(), 3u);
+  EXPECT_EQ(runner.steps[0][0].seq, 3);
+  EXPECT_EQ(runner.steps[1][0].seq, 1);
+  EXPECT_EQ(runner.steps[2][0].seq, 2);
+}
+
+TEST(Scheduler, AdmissionWaitsForBlocksAndKeepsTheWatermark) {
+  FakeRunner runner;
+  EngineConfig cfg = Config(7, 4, 4, 64);  // 6 usable blocks of 4
+  cfg.watermark_blocks = 1;
+  Engine e(cfg, runner);
+  Collected a, b;
+  Submit(e, Prompt(10, 0), Greedy(2), &a);  // 3 blocks, room for its output
+  Submit(e, Prompt(6, 1), Greedy(2), &b);   // 2 blocks
+  ASSERT_TRUE(e.Step().ok());
+  // Both fit: 3 + 2 = 5 blocks leaves 1 free, the watermark.
+  EXPECT_EQ(runner.steps[0], (std::vector<RunRecord>{{1, 0, 10}, {2, 0, 6}}));
+  Collected c;
+  Submit(e, Prompt(4, 2), Greedy(1), &c);  // 1 block would leave 0 < watermark: waits
+  ASSERT_TRUE(e.Step().ok());
+  EXPECT_EQ(runner.steps[1], (std::vector<RunRecord>{{1, 10, 1}, {2, 6, 1}}));
+  EXPECT_EQ(e.scheduler().waiting().size(), 1u);
+  RunToEnd(e);
+  EXPECT_EQ(c.tokens[0], Expected(Prompt(4, 2), 1));
+}
+
+TEST(Scheduler, PreemptionByRecomputeResumesWithTheSameOutput) {
+  FakeRunner runner;
+  Engine e(Config(6, 4, 4, 64), runner);  // 5 usable blocks of 4 positions
+  Collected a, b;
+  Submit(e, Prompt(4, 0), Greedy(12), &a);  // seq 1 grows to 16 positions: 4 blocks
+  Submit(e, Prompt(4, 1), Greedy(12), &b);  // seq 2 too: both cannot fit at once
+  RunToEnd(e);
+  EXPECT_EQ(a.tokens[0], Expected(Prompt(4, 0), 12));
+  EXPECT_EQ(b.tokens[0], Expected(Prompt(4, 1), 12));
+  // Seq 2 (the later arrival) was preempted and later recomputed from position 0 with its
+  // output so far: one run starting at 0 with more tokens than its prompt.
+  bool recomputed = false;
+  for (const auto& step : runner.steps) {
+    for (const RunRecord& r : step) {
+      if (r.seq == 2 && r.n_computed == 0 && r.n_tokens > 4) recomputed = true;
+    }
+  }
+  EXPECT_TRUE(recomputed);
+  EXPECT_EQ(e.kv().num_free_blocks(), 5);
+}
+
+TEST(Scheduler, CancelFreesBlocksAtOnce) {
+  FakeRunner runner;
+  Engine e(Config(32, 16, 4, 64), runner);
+  Collected a, b;
+  const RequestId ia = Submit(e, Prompt(40, 0), Greedy(50), &a);
+  Submit(e, Prompt(10, 1), Greedy(5), &b);
+  ASSERT_TRUE(e.Step().ok());
+  ASSERT_TRUE(e.Step().ok());
+  EXPECT_EQ(e.kv().num_free_blocks(), 31 - 3 - 1);
+  EXPECT_TRUE(e.Cancel(ia));
+  EXPECT_EQ(e.kv().num_free_blocks(), 31 - 1);
+  EXPECT_TRUE(e.kv().VerifyIntegrity().ok());
+  EXPECT_EQ(a.finish[0], FinishReason::kCancelled);
+  EXPECT_EQ(a.tokens[0].size(), 2u);  // one from the prefill, one from the decode
+  EXPECT_FALSE(e.Cancel(ia));
+  RunToEnd(e);
+  EXPECT_EQ(b.tokens[0], Expected(Prompt(10, 1), 5));
+  EXPECT_EQ(e.kv().num_free_blocks(), 31);
+}
+
+TEST(Scheduler, ForkSharesThePromptAndCopiesThePartialBlockOnWrite) {
+  FakeRunner runner;
+  Engine e(Config(32, 4, 4, 64), runner);
+  Collected c;
+  Submit(e, Prompt(6, 0), Greedy(3, /*n=*/3), &c);  // 6 positions: blocks 1, 2 (half full)
+  ASSERT_TRUE(e.Step().ok());
+  // One prefill, then three choices sharing both blocks.
+  EXPECT_EQ(runner.steps[0], (std::vector<RunRecord>{{1, 0, 6}}));
+  EXPECT_EQ(e.scheduler().running().size(), 3u);
+  EXPECT_EQ(e.kv().pool().ref_count(1), 3);
+  EXPECT_EQ(e.kv().pool().ref_count(2), 3);
+  ASSERT_TRUE(e.Step().ok());
+  // The first two writers copy the shared partial block; the last one then holds it alone.
+  EXPECT_EQ(runner.copies, (std::vector<BlockCopy>{{2, 3}, {2, 4}}));
+  EXPECT_EQ(e.kv().Table(1).blocks, (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(e.kv().Table(2).blocks, (std::vector<int32_t>{1, 4}));
+  EXPECT_EQ(e.kv().Table(3).blocks, (std::vector<int32_t>{1, 2}));
+  RunToEnd(e);
+  for (int32_t choice = 0; choice < 3; ++choice) {
+    EXPECT_EQ(c.tokens[choice], Expected(Prompt(6, 0), 3)) << choice;  // greedy: all the same
+  }
+  EXPECT_EQ(e.kv().num_free_blocks(), 31);
+}
+
+TEST(Scheduler, StopTokenAndContextEndFinishRequests) {
+  FakeRunner runner;
+  EngineConfig cfg = Config(32, 16, 4, 64);
+  cfg.n_ctx = 10;
+  Engine e(cfg, runner);
+  Collected a, b;
+  RequestOptions stop = Greedy(50);
+  const std::vector<int32_t> expected = Expected(Prompt(4, 3), 3);
+  stop.stop_ids = {expected[2]};
+  Submit(e, Prompt(4, 3), stop, &a);
+  Submit(e, Prompt(4, 4), Greedy(-1), &b);
+  RunToEnd(e);
+  EXPECT_EQ(a.tokens[0], expected);
+  EXPECT_EQ(a.finish[0], FinishReason::kStop);
+  EXPECT_EQ(b.tokens[0].size(), 6u);  // 4 + 6 = the context of 10
+  EXPECT_EQ(b.finish[0], FinishReason::kLength);
+}
+
+TEST(Scheduler, BadRequestsAreRefusedWithAMessage) {
+  FakeRunner runner;
+  EngineConfig cfg = Config(5, 16, 2, 64);  // 4 blocks = 64 positions
+  cfg.n_ctx = 100;
+  Engine e(cfg, runner);
+  auto msg = [&](std::vector<int32_t> prompt, RequestOptions o) {
+    auto r = e.Submit(std::move(prompt), o, {});
+    return r.ok() ? std::string() : r.error();
+  };
+  EXPECT_NE(msg({}, Greedy(1)).find("empty"), std::string::npos);
+  EXPECT_NE(msg({5, 99}, Greedy(1)).find("vocabulary"), std::string::npos);
+  EXPECT_NE(msg(std::vector<int32_t>(100, 3), Greedy(1)).find("context"), std::string::npos);
+  EXPECT_NE(msg({3}, Greedy(0)).find("max_tokens"), std::string::npos);
+  EXPECT_NE(msg({3}, Greedy(1, 3)).find("-np"), std::string::npos);
+  EXPECT_NE(msg({3}, Greedy(80)).find("--kv-memory"), std::string::npos);
+  RequestOptions hot = Greedy(1);
+  hot.sampling.temperature = -1;
+  EXPECT_NE(msg({3}, hot).find("temperature"), std::string::npos);
+  EXPECT_FALSE(e.HasWork());
+}
+
+}  // namespace
+}  // namespace kvs
