@@ -1,10 +1,12 @@
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <random>
 
 #include "cli/commands.h"
-#include "core/thread_pool.h"
-#include "engine/generate.h"
-#include "tokenizer/tokenizer.h"
+#include "cli/engine_flags.h"
+#include "kvserve/kvserve.h"
 
 namespace kvs::cli {
 namespace {
@@ -14,91 +16,122 @@ struct GenerateArgs {
   std::string prompt;
   std::string prompt_file;
   int32_t n_predict = 128;
-  int32_t n_ctx = 4096;
-  int32_t threads = ThreadPool::DefaultThreadCount();
   int64_t seed = -1;
-  bool ignore_eos = false;
   bool no_bos = false;
   bool show_ids = false;
-  SamplingParams sampling;
+  EngineFlags engine;
+  kvserve::GenerationOptions gen;
 };
 
-int RunGenerate(const GenerateArgs& a) {
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int RunGenerate(GenerateArgs a) {
   std::string model_path = a.model;
   if (!ResolveModelPath(model_path)) return 1;
   std::string prompt = a.prompt;
   if (!a.prompt_file.empty() && !ReadTextFile(a.prompt_file, &prompt)) return 1;
-
-  auto model = Model::Load(model_path);
+  std::string error;
+  if (!ResolveKvMemory(&a.engine, &error)) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return 1;
+  }
+  std::shared_ptr<kvserve::Model> model = kvserve::Model::Load(model_path, &error);
   if (!model) {
-    std::fprintf(stderr, "error: %s\n", model.error().c_str());
+    std::fprintf(stderr, "error: %s\n", error.c_str());
     return 1;
   }
-  auto tokenizer = Tokenizer::FromGguf((*model)->file());
-  if (!tokenizer) {
-    std::fprintf(stderr, "error: %s: %s\n", model_path.c_str(), tokenizer.error().c_str());
-    return 1;
-  }
-  const Tokenizer& tok = **tokenizer;
-  std::vector<int32_t> ids = tok.Encode(prompt, /*add_special=*/!a.no_bos, /*parse_special=*/true);
+  std::vector<int32_t> ids = model->Tokenize(prompt, /*add_special=*/!a.no_bos);
   if (ids.empty()) {
-    if (tok.bos_id() < 0) {
+    if (model->bos_token() < 0) {
       std::fprintf(stderr,
                    "error: the prompt is empty and the model has no BOS token to start from\n");
       return 1;
     }
-    ids.push_back(tok.bos_id());
+    ids.push_back(model->bos_token());
+  }
+  if (a.n_predict == 0) return 0;
+
+  kvserve::EngineOptions& eo = a.engine.options;
+  if (eo.n_ctx == 0) eo.n_ctx = model->n_ctx_train();
+  if (static_cast<int64_t>(ids.size()) >= eo.n_ctx) {
+    std::fprintf(stderr, "error: the prompt has %zu tokens, which does not fit the context of %d\n",
+                 ids.size(), eo.n_ctx);
+    return 1;
+  }
+  // One sequence: the cache needs only what this request can use, not the whole context.
+  if (eo.kv_memory_bytes == 0) {
+    int64_t positions = eo.n_ctx;
+    if (a.n_predict > 0) positions = std::min<int64_t>(positions, ids.size() + a.n_predict);
+    const int64_t blocks = (positions + eo.block_size - 1) / eo.block_size + 2;
+    eo.kv_memory_bytes = blocks * eo.block_size * model->kv_bytes_per_token();
+  }
+  std::unique_ptr<kvserve::Engine> engine = kvserve::Engine::Start(model, eo, &error);
+  if (!engine) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return 1;
   }
 
-  GenerateOptions opt;
-  opt.n_predict = a.n_predict;
-  opt.n_ctx = a.n_ctx;
-  opt.sampling = a.sampling;
-  opt.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
-  if (!a.ignore_eos) {
-    for (int32_t id = 0; id < tok.n_vocab(); ++id) {
-      if (tok.IsEndOfGeneration(id)) opt.stop_ids.push_back(id);
-    }
-  }
-
-  ThreadPool pool(a.threads);
-  StreamingDetokenizer detok(tok);
+  a.gen.max_tokens = a.n_predict;
+  a.gen.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
+  std::mutex mu;
+  std::condition_variable done;
+  bool finished = false;
+  std::string finish_reason, finish_error;
+  std::vector<int32_t> generated;
   // With nothing before it (BOS only), SentencePiece's leading "▁" of the first word would
   // print as a space; drop it as llama.cpp and llama2.c do.
-  bool strip_leading_space = ids.size() == 1 && ids[0] == tok.bos_id();
-  std::vector<int32_t> generated;
-  auto stats = Generate(**model, ids, opt, pool, [&](int32_t id) {
-    generated.push_back(id);
-    if (tok.IsEndOfGeneration(id) && !a.ignore_eos) return true;
-    std::string text = detok.Push(id);
+  bool strip_leading_space = ids.size() == 1 && ids[0] == model->bos_token();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t_first;
+  const uint64_t id = engine->Submit(ids, a.gen, [&](const kvserve::TokenEvent& e) {
+    if (e.token >= 0 && generated.empty()) t_first = std::chrono::steady_clock::now();
+    if (e.token >= 0) generated.push_back(e.token);
+    std::string text = e.text;
     if (strip_leading_space && !text.empty()) {
       if (text[0] == ' ') text.erase(0, 1);
       strip_leading_space = false;
     }
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    return true;
-  });
-  std::string rest = detok.Flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
+    if (e.finished) {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+      finish_reason = e.finish_reason;
+      finish_error = e.error;
+      done.notify_all();
+    }
+  }, &error);
+  if (id == 0) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return 1;
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [&] { return finished; });
+  }
+  const double total = Since(t0);
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  if (!stats) {
-    std::fprintf(stderr, "error: %s\n", stats.error().c_str());
+  if (finish_reason == "error") {
+    std::fprintf(stderr, "error: %s\n", finish_error.c_str());
     return 1;
   }
   if (a.show_ids) {
     std::fprintf(stderr, "ids:");
-    for (int32_t id : generated) std::fprintf(stderr, " %d", id);
+    for (int32_t t : generated) std::fprintf(stderr, " %d", t);
     std::fprintf(stderr, "\n");
   }
-  const GenerateStats& s = *stats;
-  std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tokens/s)\n", s.n_prompt,
-               s.prompt_seconds, s.prompt_seconds > 0 ? s.n_prompt / s.prompt_seconds : 0.0);
+  const double prompt_s =
+      generated.empty() ? total : std::chrono::duration<double>(t_first - t0).count();
+  const double gen_s = total - prompt_s;
+  std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tokens/s)\n", ids.size(), prompt_s,
+               prompt_s > 0 ? ids.size() / prompt_s : 0.0);
   // The first generated token comes from the prompt's logits, so decode speed counts the rest.
-  int32_t decoded = s.n_generated > 1 ? s.n_generated - 1 : 0;
-  std::fprintf(stderr, "generation: %d tokens in %.3f s (%.1f tokens/s)\n", s.n_generated,
-               s.generate_seconds, s.generate_seconds > 0 ? decoded / s.generate_seconds : 0.0);
+  const size_t decoded = generated.size() > 1 ? generated.size() - 1 : 0;
+  std::fprintf(stderr, "generation: %zu tokens in %.3f s (%.1f tokens/s), finish: %s\n",
+               generated.size(), gen_s, gen_s > 0 ? decoded / gen_s : 0.0, finish_reason.c_str());
   return 0;
 }
 
@@ -115,30 +148,25 @@ Runner AddGenerateCommand(CLI::App& root) {
                   "Tokens to generate (-1: until EOS or full context)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 24));
-  cmd->add_option("-c,--ctx-size", a->n_ctx, "Context size (0: the model's training context)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("-t,--threads", a->threads, "Threads")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
-  cmd->add_option("--temp", a->sampling.temperature, "Temperature (0: greedy)")
+  cmd->add_option("--temp", a->gen.temperature, "Temperature (0: greedy)")
       ->capture_default_str();
-  cmd->add_option("--top-k", a->sampling.top_k, "Top-k (0: off)")->capture_default_str();
-  cmd->add_option("--top-p", a->sampling.top_p, "Top-p (1: off)")->capture_default_str();
-  cmd->add_option("--min-p", a->sampling.min_p, "Min-p (0: off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", a->sampling.repeat_penalty, "Repetition penalty (1: off)")
+  cmd->add_option("--top-k", a->gen.top_k, "Top-k (0: off)")->capture_default_str();
+  cmd->add_option("--top-p", a->gen.top_p, "Top-p (1: off)")->capture_default_str();
+  cmd->add_option("--min-p", a->gen.min_p, "Min-p (0: off)")->capture_default_str();
+  cmd->add_option("--repeat-penalty", a->gen.repeat_penalty, "Repetition penalty (1: off)")
       ->capture_default_str();
-  cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n,
+  cmd->add_option("--repeat-last-n", a->gen.repeat_last_n,
                   "Tokens the penalties look back over (-1: all)")
       ->capture_default_str();
-  cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "Frequency penalty")
+  cmd->add_option("--frequency-penalty", a->gen.frequency_penalty, "Frequency penalty")
       ->capture_default_str();
-  cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "Presence penalty")
+  cmd->add_option("--presence-penalty", a->gen.presence_penalty, "Presence penalty")
       ->capture_default_str();
   cmd->add_option("-s,--seed", a->seed, "Random seed (-1: random)")->capture_default_str();
-  cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
+  cmd->add_flag("--ignore-eos", a->gen.ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_flag("--no-bos", a->no_bos, "Do not add the BOS token to the prompt");
   cmd->add_flag("--show-ids", a->show_ids, "Print the generated token ids on stderr");
+  AddEngineFlags(cmd, &a->engine, /*default_parallel=*/1);
   return [a] { return RunGenerate(*a); };
 }
 

@@ -1,5 +1,6 @@
 // kvserve: one binary, subcommands (generate, tokenize, inspect, perplexity, ...).
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
@@ -19,8 +20,15 @@ int main(int argc, char** argv) {
   add(kvs::cli::AddInspectCommand(app));
   add(kvs::cli::AddPerplexityCommand(app));
   add(kvs::cli::AddBenchCommand(app));
+  // llama.cpp spells the parallel-sequences flag "-np"; CLI11 takes one-letter short names only.
+  // (CLI11 takes the argument vector in reverse order.)
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {
+    const std::string arg = argv[i];
+    args.push_back(arg == "-np" ? "--parallel" : arg.rfind("-np=", 0) == 0 ? "--parallel=" + arg.substr(4) : arg);
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -103,8 +103,16 @@ Sequence* Engine::NewSequence(RequestId request, int32_t choice, const RequestOp
 
 Expected<RequestId> Engine::Submit(std::vector<int32_t> prompt, const RequestOptions& options,
                                    TokenCallback on_token) {
+  const RequestId id = next_request_;
+  KVS_RETURN_IF_ERROR(SubmitWithId(id, std::move(prompt), options, std::move(on_token)));
+  ++next_request_;
+  return id;
+}
+
+Status Engine::SubmitWithId(RequestId id, std::vector<int32_t> prompt,
+                            const RequestOptions& options, TokenCallback on_token) {
   KVS_RETURN_IF_ERROR(ValidateRequest(prompt, options));
-  const RequestId id = next_request_++;
+  if (requests_.contains(id)) return Status::Error(StrFormat("request id %lld is in use", (long long)id));
   requests_.emplace(id, RequestState{options, std::move(on_token), {}});
   Sequence* seq = NewSequence(id, 0, options);
   seq->arrival = next_arrival_++;
@@ -112,7 +120,7 @@ Expected<RequestId> Engine::Submit(std::vector<int32_t> prompt, const RequestOpt
   seq->n_prompt = static_cast<int32_t>(prompt.size());
   seq->tokens = std::move(prompt);
   scheduler_.AddWaiting(seq);
-  return id;
+  return Status::Ok();
 }
 
 bool Engine::Cancel(RequestId id) {
@@ -121,6 +129,10 @@ bool Engine::Cancel(RequestId id) {
   std::vector<Sequence*> live = it->second.live;  // Finish edits the list
   for (Sequence* seq : live) Finish(seq, FinishReason::kCancelled, -1);
   return true;
+}
+
+void Engine::CancelAll() {
+  while (!requests_.empty()) Cancel(requests_.begin()->first);
 }
 
 void Engine::Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error) {

@@ -47,10 +47,15 @@ class Engine {
   // Queues a request; its tokens stream through on_token. Bad input is an error, never a crash.
   Expected<RequestId> Submit(std::vector<int32_t> prompt, const RequestOptions& options,
                              TokenCallback on_token);
+  // The same with an id chosen by the caller (AsyncEngine hands ids out before queueing);
+  // ids must be unique and never mixed with Submit's.
+  Status SubmitWithId(RequestId id, std::vector<int32_t> prompt, const RequestOptions& options,
+                      TokenCallback on_token);
   Status ValidateRequest(const std::vector<int32_t>& prompt, const RequestOptions& options) const;
   // Ends a request now: its blocks are freed before this returns; each live choice gets a
   // kCancelled event. False when the request is unknown or already finished.
   bool Cancel(RequestId id);
+  void CancelAll();
 
   // One step. A runner failure fails the step's requests (kError events) and is returned.
   Status Step(EngineStepStats* stats = nullptr);

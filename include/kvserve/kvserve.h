@@ -1,0 +1,117 @@
+// kvserve's embedding API: load a GGUF model, start an engine (paged KV cache, continuous
+// batching), submit requests with their sampling parameters, stream their tokens, cancel them.
+// The kvserve CLI and server use exactly this; see examples/embed.cc.
+//
+// Thread safety: Model is immutable after Load and may be shared by engines. Engine::Submit and
+// Engine::Cancel may be called from any thread; token callbacks run on the engine's own thread,
+// in order for each request, and may call Cancel (not block for long).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvserve {
+
+class Model {
+ public:
+  // Loads weights (repacked for the kernels) and the tokenizer. nullptr with *error on failure.
+  static std::shared_ptr<Model> Load(const std::string& path, std::string* error);
+  ~Model();
+
+  // Text to token ids; add_special adds BOS/EOS as the model's metadata asks.
+  std::vector<int32_t> Tokenize(std::string_view text, bool add_special = true) const;
+  std::string Detokenize(const std::vector<int32_t>& tokens) const;
+  bool IsEndOfGeneration(int32_t token) const;
+  int32_t bos_token() const;
+  int32_t n_vocab() const;
+  int32_t n_ctx_train() const;
+  const std::string& name() const;
+  // Bytes of K/V cache one token takes (all layers, f32).
+  int64_t kv_bytes_per_token() const;
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct EngineOptions {
+  int32_t n_ctx = 4096;            // -c: most tokens (prompt + output) of one sequence
+  int32_t n_parallel = 4;          // -np: sequences decoded together
+  int32_t max_batch_tokens = 512;  // tokens computed per step (prefill chunks + decodes)
+  int32_t block_size = 16;         // positions per KV block (a multiple of 16)
+  // KV cache memory; 0: room for n_parallel full contexts, at most half the available RAM.
+  int64_t kv_memory_bytes = 0;
+  int32_t threads = 0;  // 0: one per core
+  // Baseline for `kvserve bench memory`: reserve n_ctx positions per sequence on admission,
+  // as a contiguous cache does, instead of growing block by block.
+  bool reserve_full_context = false;
+};
+
+struct GenerationOptions {
+  int32_t max_tokens = 128;  // per choice; -1: until end of generation or the context is full
+  int32_t n = 1;             // choices sharing one prefill
+  int32_t priority = 0;      // higher first
+  float temperature = 0.8f;  // 0: greedy
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  int32_t repeat_last_n = 64;
+  float frequency_penalty = 0.f;
+  float presence_penalty = 0.f;
+  uint64_t seed = 0xC0FFEE;
+  bool ignore_eos = false;           // else the model's end-of-generation tokens stop a choice
+  std::vector<int32_t> stop_tokens;  // more tokens that stop a choice
+};
+
+struct TokenEvent {
+  uint64_t request = 0;
+  int32_t choice = 0;
+  int32_t token = -1;  // -1: an end without a token (cancelled, error)
+  std::string text;    // the text this token completes (UTF-8 safe; rest flushed at the end)
+  bool finished = false;
+  std::string finish_reason;  // "stop", "length", "cancelled", "error"
+  std::string error;
+};
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
+struct EngineStats {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t kv_blocks_free = 0;
+  int32_t kv_blocks_total = 0;
+  int32_t block_size = 0;
+  int64_t steps = 0;
+  int64_t tokens_computed = 0;
+  int64_t preemptions = 0;
+};
+
+class Engine {
+ public:
+  // Reserves the KV memory and starts the engine thread. nullptr with *error on bad options.
+  static std::unique_ptr<Engine> Start(std::shared_ptr<const Model> model,
+                                       const EngineOptions& options, std::string* error);
+  ~Engine();  // cancels what is left and stops
+
+  // Queues a request; returns its id, or 0 with *error (bad prompt or options).
+  uint64_t Submit(std::vector<int32_t> prompt, const GenerationOptions& options,
+                  TokenCallback on_token, std::string* error);
+  void Cancel(uint64_t request);
+  EngineStats stats() const;
+  const EngineOptions& options() const;  // with the resolved KV memory
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvserve

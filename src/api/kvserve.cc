@@ -1,0 +1,212 @@
+// The embedding API over the engine: model + tokenizer + thread pool, an AsyncEngine, and
+// streaming detokenization per choice.
+#include "kvserve/kvserve.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "core/thread_pool.h"
+#include "engine/async_engine.h"
+#include "engine/model_runner.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvserve {
+
+struct Model::Impl {
+  std::unique_ptr<kvs::Model> model;
+  std::unique_ptr<kvs::Tokenizer> tokenizer;
+};
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+
+std::shared_ptr<Model> Model::Load(const std::string& path, std::string* error) {
+  auto model = kvs::Model::Load(path);
+  if (!model.ok()) {
+    *error = model.error();
+    return nullptr;
+  }
+  auto tokenizer = kvs::Tokenizer::FromGguf((*model)->file());
+  if (!tokenizer.ok()) {
+    *error = path + ": " + tokenizer.error();
+    return nullptr;
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->model = std::move(*model);
+  impl->tokenizer = std::move(*tokenizer);
+  return std::shared_ptr<Model>(new Model(std::move(impl)));
+}
+
+std::vector<int32_t> Model::Tokenize(std::string_view text, bool add_special) const {
+  return impl_->tokenizer->Encode(text, add_special, /*parse_special=*/true);
+}
+std::string Model::Detokenize(const std::vector<int32_t>& tokens) const {
+  return impl_->tokenizer->Decode(tokens);
+}
+bool Model::IsEndOfGeneration(int32_t token) const {
+  return impl_->tokenizer->IsEndOfGeneration(token);
+}
+int32_t Model::bos_token() const { return impl_->tokenizer->bos_id(); }
+int32_t Model::n_vocab() const { return impl_->model->config().n_vocab; }
+int32_t Model::n_ctx_train() const { return impl_->model->config().n_ctx_train; }
+const std::string& Model::name() const { return impl_->model->config().name; }
+int64_t Model::kv_bytes_per_token() const {
+  return static_cast<int64_t>(kvs::ModelKvGeometry(impl_->model->config(), 16).BytesPerToken());
+}
+
+namespace {
+
+int64_t AvailableRamBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model) {
+  kvs::RequestOptions r;
+  r.max_tokens = g.max_tokens;
+  r.n = g.n;
+  r.priority = g.priority;
+  r.sampling.temperature = g.temperature;
+  r.sampling.top_k = g.top_k;
+  r.sampling.top_p = g.top_p;
+  r.sampling.min_p = g.min_p;
+  r.sampling.repeat_penalty = g.repeat_penalty;
+  r.sampling.repeat_last_n = g.repeat_last_n;
+  r.sampling.frequency_penalty = g.frequency_penalty;
+  r.sampling.presence_penalty = g.presence_penalty;
+  r.sampling.seed = g.seed;
+  r.stop_ids = g.stop_tokens;
+  if (!g.ignore_eos) {
+    for (int32_t id = 0; id < model.n_vocab(); ++id) {
+      if (model.IsEndOfGeneration(id)) r.stop_ids.push_back(id);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  std::shared_ptr<const Model> model;
+  EngineOptions options;
+  std::unique_ptr<kvs::ThreadPool> pool;
+  std::unique_ptr<kvs::AsyncEngine> engine;
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() {
+  if (impl_ && impl_->engine) impl_->engine->Shutdown();
+}
+
+std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
+                                      const EngineOptions& options, std::string* error) {
+  const kvs::ModelConfig& mc = model->impl().model->config();
+  const kvs::KvGeometry geometry = kvs::ModelKvGeometry(mc, options.block_size);
+  if (auto st = geometry.Validate(); !st.ok()) {
+    *error = st.message();
+    return nullptr;
+  }
+  if (options.n_ctx < 2 || options.n_parallel < 1 || options.threads < 0) {
+    *error = "-c must be at least 2, -np at least 1 and -t not negative";
+    return nullptr;
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->model = model;
+  impl->options = options;
+  EngineOptions& o = impl->options;
+  const int64_t block_bytes = static_cast<int64_t>(geometry.BytesPerBlock());
+  const int64_t blocks_per_seq = (o.n_ctx + o.block_size - 1) / o.block_size;
+  const int64_t available = AvailableRamBytes();
+  if (o.kv_memory_bytes <= 0) {
+    o.kv_memory_bytes = std::min<int64_t>(blocks_per_seq * o.n_parallel * block_bytes,
+                                          available / 2);
+  }
+  if (o.kv_memory_bytes > available) {
+    *error = kvs::StrFormat("--kv-memory %.2f GiB is more than the %.2f GiB of RAM available",
+                            o.kv_memory_bytes / double(1 << 30), available / double(1 << 30));
+    return nullptr;
+  }
+  const int64_t n_blocks = o.kv_memory_bytes / block_bytes;
+  if (n_blocks < 2 || n_blocks > (int64_t{1} << 30)) {
+    *error = kvs::StrFormat(
+        "--kv-memory %lld bytes holds %lld blocks of %lld bytes (%d positions); need at least 2",
+        static_cast<long long>(o.kv_memory_bytes), static_cast<long long>(n_blocks),
+        static_cast<long long>(block_bytes), o.block_size);
+    return nullptr;
+  }
+  kvs::EngineConfig ec;
+  ec.n_ctx = o.n_ctx;
+  ec.max_seqs = o.n_parallel;
+  ec.max_batch_tokens = o.max_batch_tokens;
+  ec.block_size = o.block_size;
+  ec.n_blocks = static_cast<int32_t>(n_blocks);
+  ec.reserve_full_context = o.reserve_full_context;
+  if (auto st = ec.Validate(); !st.ok()) {
+    *error = st.message();
+    return nullptr;
+  }
+  impl->pool = std::make_unique<kvs::ThreadPool>(
+      o.threads > 0 ? o.threads : kvs::ThreadPool::DefaultThreadCount());
+  auto runner = std::make_unique<kvs::ModelRunner>(*model->impl().model, *impl->pool,
+                                                   ec.block_size, ec.n_blocks);
+  impl->engine = std::make_unique<kvs::AsyncEngine>(ec, std::move(runner));
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& options,
+                        TokenCallback on_token, std::string* error) {
+  const Model& model = *impl_->model;
+  // One streaming detokenizer per choice, living as long as the callback.
+  auto detoks = std::make_shared<std::map<int32_t, kvs::StreamingDetokenizer>>();
+  const kvs::Tokenizer* tok = model.impl().tokenizer.get();
+  auto callback = [detoks, tok, on_token = std::move(on_token)](const kvs::TokenEvent& e) {
+    TokenEvent out;
+    out.request = static_cast<uint64_t>(e.request);
+    out.choice = e.choice;
+    out.token = e.token;
+    out.finished = e.finished;
+    if (e.finished) out.finish_reason = kvs::FinishReasonName(e.reason);
+    out.error = e.error;
+    auto it = detoks->try_emplace(e.choice, *tok).first;
+    if (e.token >= 0) out.text = it->second.Push(e.token);
+    if (e.finished) out.text += it->second.Flush();
+    if (on_token) on_token(out);
+  };
+  auto id = impl_->engine->Submit(std::move(prompt), ToRequestOptions(options, model), callback);
+  if (!id.ok()) {
+    *error = id.error();
+    return 0;
+  }
+  return static_cast<uint64_t>(*id);
+}
+
+void Engine::Cancel(uint64_t request) {
+  impl_->engine->Cancel(static_cast<kvs::RequestId>(request));
+}
+
+EngineStats Engine::stats() const {
+  const kvs::EngineLoad load = impl_->engine->load();
+  EngineStats s;
+  s.running = load.running;
+  s.waiting = load.waiting;
+  s.kv_blocks_free = load.free_blocks;
+  s.kv_blocks_total = load.usable_blocks;
+  s.block_size = impl_->options.block_size;
+  s.steps = load.steps;
+  s.tokens_computed = load.tokens_computed;
+  s.preemptions = load.preemptions;
+  return s;
+}
+
+const EngineOptions& Engine::options() const { return impl_->options; }
+
+}  // namespace kvserve

@@ -1,0 +1,84 @@
+#include "cli/engine_flags.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "core/thread_pool.h"
+
+namespace kvs::cli {
+namespace {
+int64_t AvailableRam() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+}  // namespace
+
+void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
+  kvserve::EngineOptions& o = f->options;
+  o.n_parallel = default_parallel;
+  o.threads = ThreadPool::DefaultThreadCount();
+  cmd->add_option("-c,--ctx-size", o.n_ctx,
+                  "Most tokens (prompt + output) of one sequence (0: the model's training context)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--parallel", o.n_parallel, "Sequences decoded together (continuous batching); also -np")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--kv-memory", f->kv_memory,
+                  "KV cache size: bytes (512M, 4G, 2GiB) or a share of the available RAM (25%); "
+                  "default: -np full contexts, at most half the available RAM");
+  cmd->add_option("--block-size", o.block_size, "Positions per KV block (a multiple of 16)")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 1024));
+  cmd->add_option("--max-batch-tokens", o.max_batch_tokens,
+                  "Tokens computed per step: prompt chunks and decodes together")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("-t,--threads", o.threads, "Threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+}
+
+bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  double scale = 0;
+  if (unit.empty() || unit == "B") {
+    scale = 1;
+  } else if (unit == "K" || unit == "KB" || unit == "KIB") {
+    scale = 1024.0;
+  } else if (unit == "M" || unit == "MB" || unit == "MIB") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "G" || unit == "GB" || unit == "GIB") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "%") {
+    if (value > 100) used = 0;
+    scale = AvailableRam() / 100.0;
+  }
+  if (used == 0 || scale == 0 || !std::isfinite(value) || value <= 0 || value * scale > 1e15) {
+    *error = "--kv-memory '" + text +
+             "': expected a size such as 512M, 4G, 2GiB or 25% (of the available RAM)";
+    return false;
+  }
+  *bytes = static_cast<int64_t>(value * scale);
+  return true;
+}
+
+bool ResolveKvMemory(EngineFlags* f, std::string* error) {
+  if (f->kv_memory.empty()) return true;
+  return ParseMemorySize(f->kv_memory, &f->options.kv_memory_bytes, error);
+}
+
+}  // namespace kvs::cli

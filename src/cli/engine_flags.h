@@ -1,0 +1,27 @@
+// Engine flags shared by the commands that run the engine (generate, bench, serve), named as a
+// llama.cpp / vLLM user expects: -c, -np, --kv-memory, --block-size, --max-batch-tokens, -t.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "kvserve/kvserve.h"
+
+namespace kvs::cli {
+
+struct EngineFlags {
+  kvserve::EngineOptions options;
+  std::string kv_memory;  // BYTES (K/M/G suffixes, KiB/MiB/GiB too) or N% of available RAM
+};
+
+// Registers the flags on cmd; default_parallel is -np's default for this command.
+void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, int32_t default_parallel);
+
+// Turns --kv-memory into bytes (0 when unset); false with *error when it does not parse.
+bool ResolveKvMemory(EngineFlags* flags, std::string* error);
+
+// "512M", "2GiB", "1e9", "25%" (of the available RAM) -> bytes; false when malformed.
+bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error);
+
+}  // namespace kvs::cli

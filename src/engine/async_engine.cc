@@ -1,0 +1,90 @@
+#include "engine/async_engine.h"
+
+#include "core/log.h"
+
+namespace kvs {
+
+AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner)
+    : runner_(std::move(runner)), engine_(config, *runner_) {
+  load_.usable_blocks = engine_.kv().num_usable_blocks();
+  load_.free_blocks = engine_.kv().num_free_blocks();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+AsyncEngine::~AsyncEngine() { Shutdown(); }
+
+Expected<RequestId> AsyncEngine::Submit(std::vector<int32_t> prompt, const RequestOptions& options,
+                                        TokenCallback on_token) {
+  // Validation reads only what never changes after construction (config, vocab, pool size).
+  KVS_RETURN_IF_ERROR(engine_.ValidateRequest(prompt, options));
+  const RequestId id = next_id_++;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Status::Error("the engine is shutting down");
+    inbox_.push_back(Command{id, false, std::move(prompt), options, std::move(on_token)});
+  }
+  wake_.notify_one();
+  return id;
+}
+
+void AsyncEngine::Cancel(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(Command{id, true, {}, {}, {}});
+  }
+  wake_.notify_one();
+}
+
+void AsyncEngine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineLoad AsyncEngine::load() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return load_;
+}
+
+void AsyncEngine::Loop() {
+  for (;;) {
+    std::deque<Command> commands;
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || engine_.HasWork(); });
+      commands.swap(inbox_);
+      stopping = stopping_;
+    }
+    for (Command& c : commands) {
+      if (c.cancel) {
+        engine_.Cancel(c.id);
+        continue;
+      }
+      Status st = engine_.SubmitWithId(c.id, std::move(c.prompt), c.options, c.on_token);
+      if (!st.ok() && c.on_token) {
+        c.on_token(TokenEvent{c.id, 0, -1, true, FinishReason::kError, st.message()});
+      }
+    }
+    if (stopping) {
+      engine_.CancelAll();
+      return;
+    }
+    EngineStepStats stats;
+    const Status st = engine_.Step(&stats);
+    if (!st.ok()) KVS_LOG_ERROR("engine step failed: %s", st.message().c_str());
+    std::lock_guard<std::mutex> lock(mu_);
+    load_.running = static_cast<int32_t>(engine_.scheduler().running().size());
+    load_.waiting = static_cast<int32_t>(engine_.scheduler().waiting().size());
+    load_.free_blocks = engine_.kv().num_free_blocks();
+    ++load_.steps;
+    load_.tokens_computed += stats.n_tokens;
+    load_.preemptions += stats.n_preempted;
+  }
+}
+
+}  // namespace kvs

@@ -1,0 +1,66 @@
+// A thread in front of the Engine: Submit and Cancel may be called from any thread; one loop
+// thread owns the Engine, applies queued submissions and cancellations between steps, and runs
+// steps while there is work (sleeping on a condition variable when there is none). Token
+// callbacks run on the loop thread and must not block for long; they may call Cancel.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "engine/engine.h"
+
+namespace kvs {
+
+// A snapshot of the engine's load, published after every step (for metrics and tests).
+struct EngineLoad {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t free_blocks = 0;
+  int32_t usable_blocks = 0;
+  int64_t steps = 0;
+  int64_t tokens_computed = 0;
+  int64_t preemptions = 0;
+};
+
+class AsyncEngine {
+ public:
+  AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner);
+  ~AsyncEngine();  // Shutdown()
+
+  // Validates at once (bad input is an error here, not a callback) and queues the request.
+  Expected<RequestId> Submit(std::vector<int32_t> prompt, const RequestOptions& options,
+                             TokenCallback on_token);
+  // Cancels before the next step: its blocks are freed and each live choice gets kCancelled.
+  void Cancel(RequestId id);
+  // Cancels everything still queued or running and stops the loop thread.
+  void Shutdown();
+
+  EngineLoad load() const;
+  const EngineConfig& config() const { return engine_.config(); }
+
+ private:
+  struct Command {
+    RequestId id = 0;
+    bool cancel = false;
+    std::vector<int32_t> prompt;
+    RequestOptions options;
+    TokenCallback on_token;
+  };
+  void Loop();
+
+  std::unique_ptr<StepRunner> runner_;
+  Engine engine_;  // touched only by the loop thread (and by Submit's read-only validation)
+  std::atomic<RequestId> next_id_{1};
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Command> inbox_;
+  bool stopping_ = false;
+  EngineLoad load_;
+  std::thread thread_;
+};
+
+}  // namespace kvs
