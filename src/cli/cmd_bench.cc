@@ -159,7 +159,8 @@ int RunBandwidth(int32_t threads, int32_t size_mib, bool json) {
 }  // namespace
 
 Runner AddBenchCommand(CLI::App& root) {
-  CLI::App* bench = root.add_subcommand("bench", "Benchmarks (speed, bandwidth)");
+  CLI::App* bench =
+      root.add_subcommand("bench", "Benchmarks (speed, bandwidth, memory, throughput)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand("speed", "Prefill and decode tokens/s, like llama-bench");
@@ -192,7 +193,9 @@ Runner AddBenchCommand(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(64, 65536));
   bandwidth->add_flag("--json", bw->json, "Print one JSON object");
-  return [a, speed, bw, bandwidth]() -> int {
+  Runner engine_benches = AddEngineBenchCommands(bench);
+  return [a, speed, bw, bandwidth, engine_benches]() -> int {
+    if (const int rc = engine_benches(); rc >= 0) return rc;
     if (bandwidth->parsed()) return RunBandwidth(bw->threads, bw->size_mib, bw->json);
     if (!speed->parsed()) return 1;
     return RunSpeed(*a);

@@ -16,6 +16,8 @@ Runner AddTokenizeCommand(CLI::App& root);
 Runner AddInspectCommand(CLI::App& root);
 Runner AddPerplexityCommand(CLI::App& root);
 Runner AddBenchCommand(CLI::App& root);
+// `bench memory` and `bench throughput`; the runner returns -1 when neither was chosen.
+Runner AddEngineBenchCommands(CLI::App* bench);
 
 // The model to use when -m is absent: $KVSERVE_MODEL, else ../shared/models/stories260K.gguf,
 // else the copy the setup script downloads into ~/.cache/kvserve/models. Empty if none.
