@@ -75,12 +75,15 @@ def make_payload(a, prompt):
     return json.dumps(body).encode()
 
 
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
+
+
 def post(a, payload):
     req = urllib.request.Request(a.url.rstrip("/") + a.endpoint, data=payload,
                                  headers={"Content-Type": "application/json"}, method="POST")
     t0 = time.perf_counter()
     try:
-        with urllib.request.urlopen(req, timeout=a.timeout) as r:
+        with _opener.open(req, timeout=a.timeout) as r:
             body = r.read()
     except urllib.error.HTTPError as e:
         raise RuntimeError("HTTP %d: %s" % (e.code, e.read()[:300].decode(errors="replace"))) from None

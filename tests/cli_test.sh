@@ -50,6 +50,24 @@ if head -c 60 "$TMP/story" | grep -q "^Once upon a time, there was a little girl
   pass "golden story text"; else fail "story text: $(head -c 80 "$TMP/story")"; fi
 grep -q "tokens/s" "$TMP/stats" && pass "speed on stderr" || fail "no speed report"
 
+# Engine flags: llama.cpp spellings, clear errors on nonsense.
+expect_error "block size not a multiple of 16" "multiple of 16" "$BIN" generate -m "$S" -n 4 --block-size 20
+expect_error "malformed --kv-memory" "kv-memory" "$BIN" generate -m "$S" -n 4 --kv-memory 12Q
+expect_error "--kv-memory too small" "need at least" "$BIN" generate -m "$S" -n 4 --kv-memory 1K
+expect_error "-np 0" "parallel" "$BIN" generate -m "$S" -n 4 -np 0
+out=$("$BIN" generate -m "$S" -n 24 --temp 0 -np 4 --block-size 32 --kv-memory 1M --max-batch-tokens 3 -t 2 2>/dev/null)
+[ "$out" = "$(head -c ${#out} "$TMP/story")" ] && pass "same story with -np 4, 32-position blocks, 3-token steps" ||
+  fail "engine flags changed the story: '$out'"
+out=$("$BIN" generate -m "$S" -n 600 -c 64 --temp 0 -t 2 2>&1 >/dev/null)
+echo "$out" | grep -q "63 tokens.*finish: length" && pass "-c ends generation at the context" ||
+  fail "-c 64: $out"
+"$BIN" bench memory -m "$S" --requests 12 -c 256 --kv-contexts 2 --json -t 2 >"$TMP/mem" 2>/dev/null &&
+  grep -q '"paged":{' "$TMP/mem" && grep -q '"fragmentation_pct"' "$TMP/mem" && pass "bench memory --json" ||
+  fail "bench memory: $(head -c 300 "$TMP/mem")"
+"$BIN" bench throughput -m "$S" --requests 6 --concurrency 3 --prompt-tokens 9 --gen-tokens 5 --json -t 2 >"$TMP/tp" 2>/dev/null &&
+  grep -q '"output_tps"' "$TMP/tp" && grep -q '"output_tokens":30' "$TMP/tp" && pass "bench throughput --json" ||
+  fail "bench throughput: $(head -c 300 "$TMP/tp")"
+
 # tokenize
 out=$("$BIN" tokenize -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf" -p "Hello world" --no-bos)
 [ "$out" = "15043 3186" ] && pass "tokenize --no-bos" || fail "tokenize --no-bos gave '$out'"

@@ -6,7 +6,12 @@
 #include <map>
 #include <vector>
 
+#include "engine/async_engine.h"
 #include "engine/engine.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 namespace kvs {
 namespace {
@@ -302,6 +307,80 @@ TEST(Scheduler, BadRequestsAreRefusedWithAMessage) {
   hot.sampling.temperature = -1;
   EXPECT_NE(msg({3}, hot).find("temperature"), std::string::npos);
   EXPECT_FALSE(e.HasWork());
+}
+
+// --- AsyncEngine: the thread-safe front.
+
+struct Waiter {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<RequestId, std::vector<int32_t>> tokens;
+  std::map<RequestId, FinishReason> finish;
+  TokenCallback Callback() {
+    return [this](const TokenEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (e.token >= 0) tokens[e.request].push_back(e.token);
+      if (e.finished) {
+        finish[e.request] = e.reason;
+        cv.notify_all();
+      }
+    };
+  }
+  void WaitFor(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finish.size() >= n; });
+  }
+};
+
+TEST(AsyncEngine, SubmissionsFromManyThreadsAllComplete) {
+  EngineConfig cfg = Config(64, 16, 8, 32);
+  AsyncEngine engine(cfg, std::make_unique<FakeRunner>());
+  Waiter w;
+  std::mutex ids_mu;
+  std::map<RequestId, int32_t> seed_of;
+  std::vector<std::thread> threads;
+  for (int32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int32_t i = 0; i < 5; ++i) {
+        const int32_t seed = t * 10 + i;
+        auto id = engine.Submit(Prompt(3 + seed % 7, seed), Greedy(6), w.Callback());
+        ASSERT_TRUE(id.ok());
+        std::lock_guard<std::mutex> lock(ids_mu);
+        seed_of[*id] = seed;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  w.WaitFor(20);
+  ASSERT_EQ(seed_of.size(), 20u);
+  for (const auto& [id, seed] : seed_of) {
+    EXPECT_EQ(w.tokens[id], Expected(Prompt(3 + seed % 7, seed), 6)) << id;
+    EXPECT_EQ(w.finish[id], FinishReason::kLength);
+  }
+  EXPECT_FALSE(engine.Submit({}, Greedy(1), {}).ok());  // still validated synchronously
+}
+
+TEST(AsyncEngine, CancelFromACallbackAndShutdownWithWorkLeft) {
+  EngineConfig cfg = Config(64, 16, 1, 32);  // one at a time: the rest wait in the queue
+  auto engine = std::make_unique<AsyncEngine>(cfg, std::make_unique<FakeRunner>());
+  Waiter w;
+  AsyncEngine* raw = engine.get();
+  RequestId first = 0;
+  std::mutex first_mu;
+  auto id = raw->Submit(Prompt(4, 0), Greedy(1000), [&](const TokenEvent& e) {
+    w.Callback()(e);
+    std::lock_guard<std::mutex> lock(first_mu);
+    if (e.token >= 0 && w.tokens[e.request].size() == 3) raw->Cancel(e.request);
+  });
+  ASSERT_TRUE(id.ok());
+  first = *id;
+  w.WaitFor(1);
+  EXPECT_EQ(w.finish[first], FinishReason::kCancelled);
+  EXPECT_EQ(w.tokens[first].size(), 3u);
+  for (int32_t i = 0; i < 3; ++i) ASSERT_TRUE(raw->Submit(Prompt(4, i), Greedy(200), w.Callback()).ok());
+  engine->Shutdown();  // must not hang; every request ends with an event
+  EXPECT_EQ(w.finish.size(), 4u);
+  EXPECT_FALSE(raw->Submit(Prompt(4, 9), Greedy(1), {}).ok());
 }
 
 }  // namespace
