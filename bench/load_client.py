@@ -19,6 +19,8 @@ APIs:
   openai  OpenAI-style POST /v1/completions: "max_tokens", answer carries "usage"
           (llama-server also adds "timings" there; ttft/tpot are null without them)
 --api auto picks openai when the endpoint contains /v1/, llama otherwise.
+Prompt ids are drawn from [--vocab-lo, --vocab-hi), the upper end lowered to the vocabulary
+size when GET /v1/models reports one (llama-server: data[0].meta.n_vocab).
 Only the llama path has been exercised so far.
 
   usage: load_client.py --url http://127.0.0.1:8080 --concurrency 4 [--requests 8]
@@ -46,7 +48,7 @@ def parse_args():
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--vocab-lo", type=int, default=10, help="prompt token ids are drawn from [lo, hi)")
-    p.add_argument("--vocab-hi", type=int, default=1000)
+    p.add_argument("--vocab-hi", type=int, default=1000, help="lowered to n_vocab when /v1/models reports it")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--warmup", type=int, default=0, help="untimed requests sent one by one before the run")
     p.add_argument("--timeout", type=float, default=600, help="per-request timeout, seconds")
@@ -110,8 +112,24 @@ def mean(xs):
     return round(sum(xs) / len(xs), 2) if xs else None
 
 
+def server_vocab(a):
+    """n_vocab from GET /v1/models (llama-server puts it in data[].meta), or None."""
+    try:
+        with _opener.open(a.url.rstrip("/") + "/v1/models", timeout=10) as r:
+            return int(json.loads(r.read())["data"][0]["meta"]["n_vocab"])
+    except Exception:
+        return None
+
+
 def main():
     a = parse_args()
+    n_vocab = server_vocab(a)
+    if n_vocab is not None and n_vocab < a.vocab_hi:  # a server rejects ids past its vocabulary
+        print("load_client.py: note: vocabulary has %d tokens, drawing prompt ids from [%d, %d)"
+              % (n_vocab, a.vocab_lo, n_vocab), file=sys.stderr)
+        a.vocab_hi = n_vocab
+        if a.vocab_lo >= a.vocab_hi:
+            sys.exit("load_client.py: vocab-lo %d is past the vocabulary" % a.vocab_lo)
     rng = random.Random(a.seed)
     prompts = [[rng.randrange(a.vocab_lo, a.vocab_hi) for _ in range(a.prompt_tokens)] for _ in range(a.requests)]
     payloads = [make_payload(a, p) for p in prompts]
