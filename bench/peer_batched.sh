@@ -37,20 +37,40 @@ NPL_MAX=$(tr ',' '\n' <<<"$NPL" | sort -n | tail -1)
 CTX=$((NPL_MAX * (NPP + NTG)))
 if [[ $KVU == 1 ]]; then KV_FLAG=-kvu; else KV_FLAG=-no-kvu; fi
 
-load=$(cut -d' ' -f1 /proc/loadavg)
-if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0.5 else 1)" "$load"; then
-  echo "$0: warning: load average is $load; figures from a busy machine are not comparable" >&2
-fi
+# ggml's threads spin at barriers: another busy process on the cores slows them many times over
+python3 - "$0" <<'PY' || true
+import sys, time
+def cpu():
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return v[3] + v[4], sum(v)  # idle + iowait, total
+i0, t0 = cpu(); time.sleep(0.5); i1, t1 = cpu()
+busy = 1 - (i1 - i0) / max(t1 - t0, 1)
+if busy > 0.2:
+    print("%s: warning: the CPUs were %.0f%% busy before the run; its figures are not comparable"
+          % (sys.argv[1], 100 * busy), file=sys.stderr)
+PY
 
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-# the jsonl rows go to stdout, the logs to stderr
-if ! "$BIN" -m "$MODEL" -c "$CTX" -b 2048 -ub 512 -npp "$NPP" -ntg "$NTG" -npl "$NPL" -t "$THREADS" \
-  $KV_FLAG --output-format jsonl >"$TMP/out" 2>"$TMP/err"; then
+BENCH_PID=
+cleanup() {
+  if [[ -n $BENCH_PID ]]; then kill "$BENCH_PID" 2>/dev/null || true; wait "$BENCH_PID" 2>/dev/null || true; fi
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# the jsonl rows go to stdout, the logs to stderr; in the background so that a signal to this
+# script reaches the traps at once (wait is interruptible)
+"$BIN" -m "$MODEL" -c "$CTX" -b 2048 -ub 512 -npp "$NPP" -ntg "$NTG" -npl "$NPL" -t "$THREADS" \
+  $KV_FLAG --output-format jsonl >"$TMP/out" 2>"$TMP/err" &
+BENCH_PID=$!
+if ! wait "$BENCH_PID"; then
+  BENCH_PID=
   echo "$0: llama-batched-bench failed; last lines of its log:" >&2
   tail -n 30 "$TMP/err" >&2
   exit 1
 fi
+BENCH_PID=
 
 python3 - "$TMP/out" "$NPL" "$NPP" "$NTG" "$THREADS" "$KVU" <<'PY'
 import json, re, sys
@@ -79,7 +99,7 @@ for r in rows:
     seen.add(r["pl"])
     print(json.dumps({"engine": "llama.cpp", "tool": "llama-batched-bench", "npl": r["pl"], "pp": npp, "tg": ntg,
                       "s_pp": round(r["s_pp"], 2), "s_tg": round(r["s_tg"], 2), "s_total": round(r["s"], 2),
-                      "t_pp": round(r["t_pp"], 3), "t_tg": round(r["t_tg"], 3),
+                      "t_pp": round(r["t_pp"], 4), "t_tg": round(r["t_tg"], 4),
                       "threads": threads, "kv_unified": kvu}))
 missing = [n for n in want if n not in seen]
 if missing:

@@ -45,15 +45,25 @@ if [[ $KVU == 1 ]]; then KV_FLAG=-kvu; else KV_FLAG=-no-kvu; fi
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL=http://127.0.0.1:$PORT
 
-load=$(cut -d' ' -f1 /proc/loadavg)
-if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0.5 else 1)" "$load"; then
-  echo "$0: warning: load average is $load; figures from a busy machine are not comparable" >&2
-fi
+# ggml's threads spin at barriers: another busy process on the cores slows them many times over
+python3 - "$0" <<'PY' || true
+import sys, time
+def cpu():
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return v[3] + v[4], sum(v)  # idle + iowait, total
+i0, t0 = cpu(); time.sleep(0.5); i1, t1 = cpu()
+busy = 1 - (i1 - i0) / max(t1 - t0, 1)
+if busy > 0.2:
+    print("%s: warning: the CPUs were %.0f%% busy before the run; its figures are not comparable"
+          % (sys.argv[1], 100 * busy), file=sys.stderr)
+PY
 
 TMP=$(mktemp -d)
 LOG=${SERVER_LOG:-$TMP/server.log}
 SERVER_PID=
+CLIENT_PID=
 cleanup() {
+  if [[ -n $CLIENT_PID ]]; then kill "$CLIENT_PID" 2>/dev/null || true; fi
   if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
     kill "$SERVER_PID" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
@@ -87,6 +97,9 @@ do
   sleep 0.5
 done
 
+# in the background so that a signal to this script reaches the traps at once (wait is interruptible)
 python3 "$HERE/load_client.py" --url "$URL" --endpoint /completion --concurrency "$NP" --requests "$REQUESTS" \
-  --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --engine llama.cpp --tool llama-server \
-  || fail "the load client failed"
+  --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --engine llama.cpp --tool llama-server &
+CLIENT_PID=$!
+wait "$CLIENT_PID" || fail "the load client failed"
+CLIENT_PID=

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/kv_layer.h"
 
 namespace kvs {
 namespace {
@@ -129,6 +130,44 @@ TEST(Attention, EqualKeysAverageTheValues) {
     }
     EXPECT_NEAR(out[d], mean / n_keys, 1e-5) << "dim " << d;
   }
+}
+
+// WriteKv puts a position's keys and values where a head view over the block list reads them,
+// for pool blocks of several kernel blocks too; CopyKvBlocks moves whole blocks.
+TEST(KvLayer, WriteThenReadThroughHeadViewsAndCopy) {
+  const int32_t n_head_kv = 3, hk = 8, hv = 5, n_blocks = 6;
+  std::vector<float> k(n_blocks * n_head_kv * hk * kKvBlockTokens, -1.f);
+  std::vector<float> v(n_blocks * n_head_kv * hv * kKvBlockTokens, -1.f);
+  KvLayerView layer{k.data(), v.data(), n_head_kv, hk, hv};
+  auto key = [](int32_t pos, int32_t h, int32_t d) { return pos * 1000.f + h * 100.f + d; };
+  auto value = [](int32_t pos, int32_t h, int32_t d) { return -(pos * 1000.f + h * 100.f + d); };
+  // A sequence of 40 positions over kernel blocks 4, 1, 3 (slots 64.., 16.., 48..).
+  const std::vector<int32_t> blocks = {4, 1, 3};
+  for (int32_t pos = 0; pos < 40; ++pos) {
+    std::vector<float> kp(n_head_kv * hk), vp(n_head_kv * hv);
+    for (int32_t h = 0; h < n_head_kv; ++h) {
+      for (int32_t d = 0; d < hk; ++d) kp[h * hk + d] = key(pos, h, d);
+      for (int32_t d = 0; d < hv; ++d) vp[h * hv + d] = value(pos, h, d);
+    }
+    const int64_t slot = int64_t{blocks[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens;
+    WriteKv(layer, slot, kp.data(), vp.data());
+  }
+  for (int32_t h = 0; h < n_head_kv; ++h) {
+    const KvHeadView view = layer.Head(h, blocks.data());
+    for (int32_t pos = 0; pos < 40; ++pos) {
+      const float* kb = KeyBlock(view, pos / kKvBlockTokens);
+      const float* vb = ValueBlock(view, pos / kKvBlockTokens);
+      const int32_t j = pos % kKvBlockTokens;
+      for (int32_t d = 0; d < hk; ++d) ASSERT_EQ(kb[d * kKvBlockTokens + j], key(pos, h, d));
+      for (int32_t d = 0; d < hv; ++d) ASSERT_EQ(vb[j * hv + d], value(pos, h, d));
+    }
+  }
+  // Copy kernel blocks 3..4 (positions 32..39 and 0..15) onto 0..1 and read them there.
+  CopyKvBlocks(layer, 3, 0, 2);
+  const std::vector<int32_t> copied = {1, 0};  // block 1 now holds positions 0..15
+  const KvHeadView view = layer.Head(2, copied.data());
+  EXPECT_EQ(KeyBlock(view, 0)[3 * kKvBlockTokens + 7], key(7, 2, 3));
+  EXPECT_EQ(ValueBlock(view, 1)[4 * hv + 1], value(36, 2, 1));
 }
 
 }  // namespace
