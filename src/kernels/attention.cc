@@ -29,25 +29,6 @@ int32_t MaxKeys(const int32_t* n_keys, int n) {
 
 #if KVS_ATTENTION_AVX512
 
-// exp(x) for x <= 0 (scores minus their running max), relative error about 1e-7: x = n ln2 + r
-// with |r| <= ln2 / 2, a degree-7 Taylor polynomial for exp(r), and 2^n applied by scalef.
-inline __m512 Exp(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
 inline __mmask16 FirstLanes(int32_t n) {
   return n >= 16  ? static_cast<__mmask16>(0xffff)
          : n <= 0 ? static_cast<__mmask16>(0)
@@ -103,7 +84,7 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
           _mm512_mul_ps(_mm512_add_ps(s0[i], s1[i]), _mm512_set1_ps(shape.scale)));
       const float m_new = std::max(m[i], _mm512_reduce_max_ps(s));
       alpha[i] = std::exp(m[i] - m_new);  // 0 on the first block (m = -inf)
-      const __m512 pv = _mm512_maskz_mov_ps(valid, Exp(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+      const __m512 pv = _mm512_maskz_mov_ps(valid, simd::ExpNonPositive(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
       l[i] = l[i] * alpha[i] + _mm512_reduce_add_ps(pv);
       m[i] = m_new;
       _mm512_store_ps(p[i], pv);

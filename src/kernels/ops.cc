@@ -53,7 +53,21 @@ void Softmax(float* x, int64_t n) {
 }
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  // silu(g) = g * sigmoid(g), with e = exp(-|g|) <= 1 so nothing overflows:
+  // sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) for g < 0.
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = simd::ExpNonPositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+    const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 num = _mm512_mask_blend_ps(negative, one, e);
+    const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), _mm512_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) {
     float g = gate[i];
     out[i] = g / (1.f + std::exp(-g)) * up[i];
   }
