@@ -2,7 +2,7 @@
 # Installs what kvserve needs to build and test on Debian 12 (idempotent; skips apt when
 # everything is already there). Run as root or with sudo available.
 set -euo pipefail
-PKGS=(build-essential cmake ninja-build git curl ca-certificates python3
+PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates python3
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
       libcpp-httplib-dev libxxhash-dev libzstd-dev)
 missing=()

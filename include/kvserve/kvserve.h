@@ -25,6 +25,11 @@ class Model {
   // Text to token ids; add_special adds BOS/EOS as the model's metadata asks.
   std::vector<int32_t> Tokenize(std::string_view text, bool add_special = true) const;
   std::string Detokenize(const std::vector<int32_t>& tokens) const;
+  // One token's text on its own (control tokens as written, e.g. "</s>").
+  std::string TokenText(int32_t token) const;
+  // The GGUF's tokenizer.chat_template ("" when absent).
+  std::string ChatTemplate() const;
+  int32_t eos_token() const;
   bool IsEndOfGeneration(int32_t token) const;
   int32_t bos_token() const;
   int32_t n_vocab() const;
@@ -67,6 +72,8 @@ struct GenerationOptions {
   float frequency_penalty = 0.f;
   float presence_penalty = 0.f;
   uint64_t seed = 0xC0FFEE;
+  int32_t logprobs = -1;  // >= 0: each event carries the token's log-probability and this
+                          // many most likely alternatives (at most 20)
   bool ignore_eos = false;           // else the model's end-of-generation tokens stop a choice
   std::vector<int32_t> stop_tokens;  // more tokens that stop a choice
 };
@@ -79,6 +86,13 @@ struct TokenEvent {
   bool finished = false;
   std::string finish_reason;  // "stop", "length", "cancelled", "error"
   std::string error;
+  float logprob = 0;  // with GenerationOptions::logprobs >= 0
+  struct Alternative {
+    int32_t token;
+    std::string text;
+    float logprob;
+  };
+  std::vector<Alternative> top_logprobs;
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -104,6 +118,7 @@ class Engine {
   uint64_t Submit(std::vector<int32_t> prompt, const GenerationOptions& options,
                   TokenCallback on_token, std::string* error);
   void Cancel(uint64_t request);
+  void CancelAll();
   EngineStats stats() const;
   const EngineOptions& options() const;  // with the resolved KV memory
 

@@ -46,6 +46,13 @@ std::vector<int32_t> Model::Tokenize(std::string_view text, bool add_special) co
 std::string Model::Detokenize(const std::vector<int32_t>& tokens) const {
   return impl_->tokenizer->Decode(tokens);
 }
+std::string Model::TokenText(int32_t token) const {
+  return impl_->tokenizer->TokenToPiece(token, /*show_special=*/true);
+}
+std::string Model::ChatTemplate() const {
+  return impl_->model->file().GetString("tokenizer.chat_template").value_or("");
+}
+int32_t Model::eos_token() const { return impl_->tokenizer->eos_id(); }
 bool Model::IsEndOfGeneration(int32_t token) const {
   return impl_->tokenizer->IsEndOfGeneration(token);
 }
@@ -85,6 +92,7 @@ kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& mo
   r.sampling.presence_penalty = g.presence_penalty;
   r.sampling.seed = g.seed;
   r.stop_ids = g.stop_tokens;
+  r.logprobs = g.logprobs;
   if (!g.ignore_eos) {
     for (int32_t id = 0; id < model.n_vocab(); ++id) {
       if (model.IsEndOfGeneration(id)) r.stop_ids.push_back(id);
@@ -176,6 +184,10 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     out.finished = e.finished;
     if (e.finished) out.finish_reason = kvs::FinishReasonName(e.reason);
     out.error = e.error;
+    out.logprob = e.logprob;
+    for (const kvs::TokenLogprob& alt : e.top_logprobs) {
+      out.top_logprobs.push_back({alt.token, tok->TokenToPiece(alt.token, true), alt.logprob});
+    }
     auto it = detoks->try_emplace(e.choice, *tok).first;
     if (e.token >= 0) out.text = it->second.Push(e.token);
     if (e.finished) out.text += it->second.Flush();
@@ -192,6 +204,8 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
 void Engine::Cancel(uint64_t request) {
   impl_->engine->Cancel(static_cast<kvs::RequestId>(request));
 }
+
+void Engine::CancelAll() { impl_->engine->CancelAll(); }
 
 EngineStats Engine::stats() const {
   const kvs::EngineLoad load = impl_->engine->load();

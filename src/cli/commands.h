@@ -16,6 +16,7 @@ Runner AddTokenizeCommand(CLI::App& root);
 Runner AddInspectCommand(CLI::App& root);
 Runner AddPerplexityCommand(CLI::App& root);
 Runner AddBenchCommand(CLI::App& root);
+Runner AddServeCommand(CLI::App& root);
 // `bench memory` and `bench throughput`; the runner returns -1 when neither was chosen.
 Runner AddEngineBenchCommands(CLI::App* bench);
 

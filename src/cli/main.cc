@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   auto add = [&](kvs::cli::Runner r) {
     commands.emplace_back(app.get_subcommands({}).back(), std::move(r));
   };
+  add(kvs::cli::AddServeCommand(app));
   add(kvs::cli::AddGenerateCommand(app));
   add(kvs::cli::AddTokenizeCommand(app));
   add(kvs::cli::AddInspectCommand(app));

@@ -35,6 +35,8 @@ void AsyncEngine::Cancel(RequestId id) {
   wake_.notify_one();
 }
 
+void AsyncEngine::CancelAll() { Cancel(0); }  // id 0 is never a request's
+
 void AsyncEngine::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,12 +64,16 @@ void AsyncEngine::Loop() {
     }
     for (Command& c : commands) {
       if (c.cancel) {
-        engine_.Cancel(c.id);
+        if (c.id == 0) {
+          engine_.CancelAll();
+        } else {
+          engine_.Cancel(c.id);
+        }
         continue;
       }
       Status st = engine_.SubmitWithId(c.id, std::move(c.prompt), c.options, c.on_token);
       if (!st.ok() && c.on_token) {
-        c.on_token(TokenEvent{c.id, 0, -1, true, FinishReason::kError, st.message()});
+        c.on_token(TokenEvent{c.id, 0, -1, true, FinishReason::kError, st.message(), 0.f, {}});
       }
     }
     if (stopping) {

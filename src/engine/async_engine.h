@@ -36,6 +36,8 @@ class AsyncEngine {
                              TokenCallback on_token);
   // Cancels before the next step: its blocks are freed and each live choice gets kCancelled.
   void Cancel(RequestId id);
+  // Cancels every request queued or running before the next step.
+  void CancelAll();
   // Cancels everything still queued or running and stops the loop thread.
   void Shutdown();
 

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/check.h"
 
@@ -69,6 +70,7 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt,
                                    "sequences (-np %d)",
                                    o.n, config_.max_seqs));
   }
+  if (o.logprobs > 20) return Status::Error(StrFormat("logprobs %d: at most 20", o.logprobs));
   KVS_RETURN_IF_ERROR(o.sampling.Validate());
   // Even alone, a sequence must fit the pool, or preemption could never make room for it.
   int64_t positions = config_.n_ctx;
@@ -136,11 +138,16 @@ void Engine::CancelAll() {
 }
 
 void Engine::Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error) {
+  Finish(seq, reason, TokenEvent{seq->request, seq->choice, token, true, reason, error, 0.f, {}});
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, TokenEvent event) {
+  event.finished = true;
+  event.reason = reason;
   scheduler_.Remove(seq);
   auto it = requests_.find(seq->request);
   KVS_CHECK(it != requests_.end());
   RequestState& r = it->second;
-  TokenEvent event{seq->request, seq->choice, token, true, reason, error};
   r.live.erase(std::find(r.live.begin(), r.live.end(), seq));
   sequences_.erase(seq->id);  // seq is gone from here on
   TokenCallback callback = r.on_token;
@@ -162,9 +169,31 @@ void Engine::Fork(Sequence* parent) {
   parent->seats = 1;
 }
 
+namespace {
+// log softmax of the raw logits at token, and the k most likely tokens.
+void FillLogprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k, TokenEvent* e) {
+  float max = logits[0];
+  for (int32_t v = 1; v < n_vocab; ++v) max = std::max(max, logits[v]);
+  double sum = 0;
+  for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(logits[v] - max));
+  const float lse = max + static_cast<float>(std::log(sum));
+  e->logprob = logits[token] - lse;
+  k = std::min(k, n_vocab);
+  if (k <= 0) return;
+  std::vector<int32_t> ids(n_vocab);
+  for (int32_t v = 0; v < n_vocab; ++v) ids[v] = v;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int32_t i = 0; i < k; ++i) e->top_logprobs.push_back({ids[i], logits[ids[i]] - lse});
+}
+}  // namespace
+
 void Engine::SampleAndEmit(Sequence* seq, const float* logits) {
   const RequestOptions& o = requests_.at(seq->request).options;
   const int32_t token = seq->sampler->Sample(logits, seq->tokens);
+  TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
+  if (o.logprobs >= 0) FillLogprobs(logits, runner_.n_vocab(), token, o.logprobs, &event);
   seq->tokens.push_back(token);
   FinishReason reason = FinishReason::kNone;
   if (std::find(o.stop_ids.begin(), o.stop_ids.end(), token) != o.stop_ids.end()) {
@@ -174,11 +203,11 @@ void Engine::SampleAndEmit(Sequence* seq, const float* logits) {
     reason = FinishReason::kLength;
   }
   if (reason != FinishReason::kNone) {
-    Finish(seq, reason, token);
+    Finish(seq, reason, std::move(event));
     return;
   }
   const RequestState& r = requests_.at(seq->request);
-  if (r.on_token) r.on_token(TokenEvent{seq->request, seq->choice, token, false, reason, {}});
+  if (r.on_token) r.on_token(event);
 }
 
 Status Engine::Step(EngineStepStats* stats) {

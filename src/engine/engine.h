@@ -76,6 +76,7 @@ class Engine {
   // Samples the next token of seq from logits, streams it, and retires seq when it is done.
   void SampleAndEmit(Sequence* seq, const float* logits);
   void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
+  void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
 
   EngineConfig config_;

@@ -24,6 +24,14 @@ struct RequestOptions {
   std::vector<int32_t> stop_ids;
   int32_t n = 1;         // choices, forked from one prefill; choice i samples with seed + i
   int32_t priority = 0;  // higher runs first; first come, first served within a priority
+  int32_t logprobs = -1;  // >= 0: report the chosen token's log-probability and this many
+                          // most likely alternatives (of the model's distribution, before
+                          // sampling's penalties and temperature)
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
 };
 
 // One streamed event: a new token of a choice, or its end (token -1 when it ended without
@@ -35,6 +43,8 @@ struct TokenEvent {
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   std::string error;  // for kError
+  float logprob = 0;  // when RequestOptions::logprobs >= 0
+  std::vector<TokenLogprob> top_logprobs;
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 

@@ -1,0 +1,84 @@
+// `kvserve serve`: the OpenAI-compatible server. SIGINT/SIGTERM stop it cleanly (exit 0).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "server/http_server.h"
+
+namespace kvs::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  server::ServerOptions server;
+  EngineFlags engine;
+};
+
+int RunServe(ServeArgs a) {
+  std::string path = a.model;
+  if (!ResolveModelPath(path)) return 1;
+  std::string error;
+  if (!ResolveKvMemory(&a.engine, &error)) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return 1;
+  }
+  // Signals are taken by sigwait below, never by a handler on a random thread; every thread
+  // started from here on inherits the mask. A vanished client must not kill the process.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  a.server.model_path = path;
+  a.server.engine = a.engine.options;
+  server::Server server(a.server);
+  auto port = server.Listen();
+  if (!port.ok()) {
+    std::fprintf(stderr, "error: %s\n", port.error().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "kvserve: listening on http://%s:%d (loading %s)\n",
+               a.server.host.c_str(), *port, path.c_str());
+  if (Status st = server.Load(); !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    server.Stop();
+    return 1;
+  }
+  std::fprintf(stderr, "kvserve: serving model '%s' (-np %d, -c %d); Ctrl-C stops\n",
+               server.model_id().c_str(), a.engine.options.n_parallel, a.engine.options.n_ctx);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "kvserve: %s: stopping (running requests are cancelled)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  server.Stop();
+  std::fprintf(stderr, "kvserve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+Runner AddServeCommand(CLI::App& root) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server");
+  cmd->add_option("-m,--model", a->model, "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
+  cmd->add_option("--host", a->server.host, "Address to bind (loopback unless told otherwise)")
+      ->capture_default_str();
+  cmd->add_option("--port", a->server.port, "Port")->capture_default_str()->check(CLI::Range(1, 65535));
+  cmd->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--chat-template", a->server.chat_template,
+                  "chatml (qwen), llama2, llama3, mistral or plain (default: from the GGUF)");
+  cmd->add_option("--alias", a->server.alias, "Model id clients use (default: the file name)");
+  cmd->add_option("--max-queue", a->server.max_queue,
+                  "Requests waiting beyond -np before new ones get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  AddEngineFlags(cmd, &a->engine, /*default_parallel=*/4);
+  return [a] { return RunServe(*a); };
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,127 @@
+#include "server/chat_template.h"
+
+namespace kvs::server {
+
+const char* ChatFormatName(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::kChatML: return "chatml";
+    case ChatFormat::kLlama2: return "llama2";
+    case ChatFormat::kLlama3: return "llama3";
+    case ChatFormat::kMistral: return "mistral";
+    case ChatFormat::kPlain: return "plain";
+  }
+  return "plain";
+}
+
+Expected<ChatFormat> ChatFormatFromName(const std::string& name) {
+  if (name == "chatml" || name == "qwen" || name == "qwen2" || name == "qwen3") {
+    return ChatFormat::kChatML;
+  }
+  if (name == "llama2") return ChatFormat::kLlama2;
+  if (name == "llama3") return ChatFormat::kLlama3;
+  if (name == "mistral") return ChatFormat::kMistral;
+  if (name == "plain") return ChatFormat::kPlain;
+  return Status::Error("--chat-template '" + name +
+                       "': expected chatml (qwen), llama2, llama3, mistral or plain");
+}
+
+ChatFormat DetectChatFormat(const std::string& jinja) {
+  auto has = [&](const char* s) { return jinja.find(s) != std::string::npos; };
+  if (has("<|im_start|>")) return ChatFormat::kChatML;
+  if (has("<|start_header_id|>")) return ChatFormat::kLlama3;
+  if (has("[INST]") && has("<<SYS>>")) return ChatFormat::kLlama2;
+  if (has("[INST]")) return ChatFormat::kMistral;
+  return ChatFormat::kPlain;
+}
+
+namespace {
+
+// System messages folded into the first user message (formats without a system role).
+std::vector<ChatMessage> FoldSystem(const std::vector<ChatMessage>& messages, const char* sep) {
+  std::string system;
+  std::vector<ChatMessage> out;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "system") {
+      system += (system.empty() ? "" : "\n") + m.content;
+    } else {
+      out.push_back(m);
+    }
+  }
+  if (!system.empty()) {
+    for (ChatMessage& m : out) {
+      if (m.role == "user") {
+        m.content = system + sep + m.content;
+        return out;
+      }
+    }
+    out.insert(out.begin(), ChatMessage{"user", system});
+  }
+  return out;
+}
+
+}  // namespace
+
+RenderedChat RenderChat(ChatFormat format, const std::vector<ChatMessage>& messages) {
+  RenderedChat r;
+  std::string& t = r.text;
+  switch (format) {
+    case ChatFormat::kChatML:
+      for (const ChatMessage& m : messages) {
+        t += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      }
+      t += "<|im_start|>assistant\n";
+      break;
+    case ChatFormat::kLlama3:
+      t = "<|begin_of_text|>";
+      for (const ChatMessage& m : messages) {
+        t += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+      }
+      t += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      break;
+    case ChatFormat::kLlama2:
+    case ChatFormat::kMistral: {
+      const bool llama2 = format == ChatFormat::kLlama2;
+      std::vector<ChatMessage> folded;
+      if (llama2) {
+        // Llama 2 wraps the system prompt in <<SYS>> inside the first [INST].
+        std::string system;
+        for (const ChatMessage& m : messages) {
+          if (m.role == "system") system += m.content;
+        }
+        folded = FoldSystem(messages, "");
+        if (!system.empty()) {
+          for (ChatMessage& m : folded) {
+            if (m.role == "user") {
+              m.content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + m.content.substr(system.size());
+              break;
+            }
+          }
+        }
+      } else {
+        folded = FoldSystem(messages, "\n\n");
+      }
+      t = "<s>";
+      for (const ChatMessage& m : folded) {
+        if (m.role == "assistant") {
+          t += (llama2 ? " " : "") + m.content + "</s>" + (llama2 ? "<s>" : "");
+        } else {
+          t += (llama2 ? "[INST] " : "[INST] ") + m.content + " [/INST]";
+        }
+      }
+      break;
+    }
+    case ChatFormat::kPlain:
+      // A documented fallback: role-labelled turns, the reply after "Assistant:".
+      for (const ChatMessage& m : messages) {
+        std::string role = m.role;
+        if (!role.empty()) role[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(role[0])));
+        t += role + ": " + m.content + "\n";
+      }
+      t += "Assistant:";
+      r.add_bos = true;
+      break;
+  }
+  return r;
+}
+
+}  // namespace kvs::server

@@ -1,0 +1,74 @@
+// The OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (plain and SSE
+// streamed), /v1/models, /health (503 while loading), /metrics (Prometheus). Talks to the engine
+// only through the public API's thread-safe Submit/Cancel.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/status.h"
+#include "kvserve/kvserve.h"
+#include "server/chat_template.h"
+#include "server/metrics.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace kvs::server {
+
+struct ServerOptions {
+  std::string model_path;
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  int port = 8080;                 // 0: any free port (tests)
+  kvserve::EngineOptions engine;
+  std::string api_key;        // non-empty: /v1/* needs "Authorization: Bearer KEY"
+  std::string chat_template;  // empty: detect from the GGUF
+  std::string alias;          // the model id clients use; default: the file name without .gguf
+  int32_t max_queue = 256;    // requests waiting beyond -np before new ones get 503
+  size_t max_body_bytes = 8 << 20;
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();
+
+  // Binds and starts answering (health says "loading"); returns the bound port.
+  Expected<int> Listen();
+  // Loads the model and starts the engine; then requests are served.
+  Status Load();
+  // Stops accepting, cancels what runs, waits for the handlers, stops the engine. Idempotent.
+  void Stop();
+  bool running() const { return listening_.load(); }
+  const std::string& model_id() const { return model_id_; }
+
+ private:
+  void Routes();
+  void Completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void Models(httplib::Response& res) const;
+  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
+
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listen_thread_;
+  std::atomic<bool> listening_{false};
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopping_{false};
+  std::shared_ptr<kvserve::Model> model_;
+  std::unique_ptr<kvserve::Engine> engine_;
+  std::string model_id_;
+  ChatFormat chat_format_ = ChatFormat::kPlain;
+  Metrics metrics_;
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> next_id_{1};
+  std::mutex stop_mu_;
+};
+
+}  // namespace kvs::server

@@ -1,0 +1,92 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace kvs::server {
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
+  char line[256];
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    if (i < bounds_.size()) {
+      std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name.c_str(), bounds_[i],
+                    static_cast<unsigned long long>(cumulative));
+    } else {
+      std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n", name.c_str(),
+                    static_cast<unsigned long long>(cumulative));
+    }
+    *out += line;
+  }
+  std::snprintf(line, sizeof line, "%s_sum %.9g\n%s_count %llu\n", name.c_str(), sum_,
+                name.c_str(), static_cast<unsigned long long>(count_));
+  *out += line;
+}
+
+Metrics::Metrics()
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+             7.5, 10.0, 20.0, 40.0, 80.0}),
+      tpot_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0}),
+      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+            120.0, 240.0}) {}
+
+void Metrics::RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double ttft_s,
+                            double e2e_s, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += prompt_tokens;
+  generation_tokens_ += generation_tokens;
+  (ok ? requests_ok_ : requests_failed_) += 1;
+  if (ttft_s >= 0) ttft_.Observe(ttft_s);
+  e2e_.Observe(e2e_s);
+}
+
+void Metrics::RecordInterTokenGap(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tpot_.Observe(seconds);
+}
+
+std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  char line[512];
+  auto gauge = [&](const char* name, const char* type, const char* help, double v) {
+    std::snprintf(line, sizeof line, "# HELP kvserve:%s %s\n# TYPE kvserve:%s %s\nkvserve:%s %.9g\n",
+                  name, help, name, type, name, v);
+    out += line;
+  };
+  const double usage =
+      s.kv_blocks_total > 0 ? 1.0 - double(s.kv_blocks_free) / s.kv_blocks_total : 0.0;
+  gauge("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
+  gauge("num_requests_running", "gauge", "Sequences running (holding KV blocks).", s.running);
+  gauge("num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", s.waiting);
+  gauge("num_preemptions_total", "counter", "Preemptions (by recompute) so far.",
+        static_cast<double>(s.preemptions));
+  gauge("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+        static_cast<double>(prompt_tokens_));
+  gauge("generation_tokens_total", "counter", "Generated tokens of finished requests.",
+        static_cast<double>(generation_tokens_));
+  gauge("request_success_total", "counter", "Requests answered.", static_cast<double>(requests_ok_));
+  gauge("request_failure_total", "counter", "Requests that failed or were cancelled.",
+        static_cast<double>(requests_failed_));
+  gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
+  gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
+  ttft_.Render("kvserve:time_to_first_token_seconds", "Time to first token.", &out);
+  tpot_.Render("kvserve:time_per_output_token_seconds", "Time between output tokens.", &out);
+  e2e_.Render("kvserve:e2e_request_latency_seconds", "End-to-end request latency.", &out);
+  (void)model;
+  return out;
+}
+
+}  // namespace kvs::server

@@ -1,0 +1,185 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+
+namespace kvs::server {
+
+nlohmann::json ErrorJson(const ApiError& e) {
+  nlohmann::json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.param);
+  err["code"] = e.code.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.code);
+  return {{"error", err}};
+}
+
+namespace {
+
+ApiError Bad(const std::string& param, const std::string& message) {
+  return ApiError{400, "invalid_request_error", message, param, {}};
+}
+
+// Reads an optional number into *out, checking its type and range.
+template <typename T>
+std::optional<ApiError> Number(const nlohmann::json& body, const char* key, double lo, double hi,
+                               T* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return Bad(key, std::string("'") + key + "' must be a number");
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return Bad(key, std::string("'") + key + "' must be between " + nlohmann::json(lo).dump() +
+                        " and " + nlohmann::json(hi).dump() + ", got " + it->dump());
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (v != std::floor(v)) return Bad(key, std::string("'") + key + "' must be an integer");
+  }
+  *out = static_cast<T>(v);
+  return std::nullopt;
+}
+
+std::optional<ApiError> Bool(const nlohmann::json& body, const char* key, bool* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return Bad(key, std::string("'") + key + "' must be true or false");
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseMessages(const nlohmann::json& body, CompletionRequest* out) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty()) {
+    return Bad("messages", "'messages' must be a non-empty array of {role, content}");
+  }
+  for (const nlohmann::json& m : *it) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return Bad("messages", "every message needs a string 'role'");
+    }
+    const std::string role = m["role"];
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+      return Bad("messages", "unknown message role '" + role + "'");
+    }
+    std::string content;
+    const nlohmann::json& c = m.contains("content") ? m["content"] : nlohmann::json();
+    if (c.is_string()) {
+      content = c;
+    } else if (c.is_array()) {  // content parts: only text is supported
+      for (const nlohmann::json& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part["text"].is_string()) {
+          return Bad("messages", "only text content parts are supported");
+        }
+        content += part["text"].get<std::string>();
+      }
+    } else if (!c.is_null()) {
+      return Bad("messages", "a message's 'content' must be a string or text parts");
+    }
+    out->messages.push_back({role == "developer" ? "system" : role, content});
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(const nlohmann::json& body, CompletionRequest* out) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return Bad("prompt", "'prompt' is required");
+  if (it->is_string()) {
+    out->prompt_text = *it;
+    return std::nullopt;
+  }
+  if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
+    out->prompt_text = (*it)[0];
+    return std::nullopt;
+  }
+  if (it->is_array() && !it->empty()) {
+    for (const nlohmann::json& t : *it) {
+      if (!t.is_number_integer()) {
+        return Bad("prompt", "'prompt' must be a string or an array of token ids "
+                             "(several prompts per request are not supported)");
+      }
+      out->prompt_ids.push_back(t.get<int32_t>());
+    }
+    return std::nullopt;
+  }
+  return Bad("prompt", "'prompt' must be a non-empty string or array of token ids");
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat,
+                                               CompletionRequest* out) {
+  if (!body.is_object()) return Bad("", "the request body must be a JSON object");
+  out->chat = chat;
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return Bad("model", "'model' must be a string");
+    out->model = *it;
+  }
+  if (auto e = chat ? ParseMessages(body, out) : ParsePrompt(body, out)) return e;
+  kvserve::GenerationOptions& g = out->gen;
+  g.temperature = 1.0f;  // OpenAI's defaults: no top-k / min-p truncation unless asked
+  g.top_k = 0;
+  g.top_p = 1.0f;
+  g.min_p = 0.f;
+  g.max_tokens = chat ? -1 : 16;
+  const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens"
+                                                                        : "max_tokens";
+  if (auto e = Number(body, max_key, 1, 1 << 24, &g.max_tokens)) return e;
+  if (auto e = Number(body, "temperature", 0, 2, &g.temperature)) return e;
+  if (auto e = Number(body, "top_p", 0, 1, &g.top_p)) return e;
+  if (auto e = Number(body, "top_k", -1, 1 << 20, &g.top_k)) return e;
+  if (auto e = Number(body, "min_p", 0, 1, &g.min_p)) return e;
+  if (auto e = Number(body, "presence_penalty", -2, 2, &g.presence_penalty)) return e;
+  if (auto e = Number(body, "frequency_penalty", -2, 2, &g.frequency_penalty)) return e;
+  if (auto e = Number(body, "repetition_penalty", 0.01, 10, &g.repeat_penalty)) return e;
+  if (auto e = Number(body, "n", 1, 128, &g.n)) return e;
+  if (auto e = Number(body, "priority", -1000000, 1000000, &g.priority)) return e;
+  int64_t seed = -1;
+  if (auto e = Number(body, "seed", -9.2e18, 9.2e18, &seed)) return e;
+  if (body.contains("seed") && !body["seed"].is_null()) g.seed = static_cast<uint64_t>(seed);
+  if (auto e = Bool(body, "stream", &out->stream)) return e;
+  if (auto e = Bool(body, "ignore_eos", &g.ignore_eos)) return e;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
+    if (auto e = Bool(*it, "include_usage", &out->include_usage)) return e;
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      out->stop.push_back(*it);
+    } else if (it->is_array() && it->size() <= 4) {
+      for (const nlohmann::json& s : *it) {
+        if (!s.is_string()) return Bad("stop", "'stop' must be a string or up to 4 strings");
+        out->stop.push_back(s);
+      }
+    } else {
+      return Bad("stop", "'stop' must be a string or up to 4 strings");
+    }
+    for (const std::string& s : out->stop) {
+      if (s.empty()) return Bad("stop", "stop strings must not be empty");
+    }
+  }
+  if (chat) {
+    if (auto e = Bool(body, "logprobs", &out->logprobs)) return e;
+    int32_t top = 0;
+    if (auto e = Number(body, "top_logprobs", 0, 20, &top)) return e;
+    if (body.contains("top_logprobs") && !out->logprobs) {
+      return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (out->logprobs) g.logprobs = top;
+  } else if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
+    int32_t k = 0;
+    if (auto e = Number(body, "logprobs", 0, 5, &k)) return e;
+    out->logprobs = true;
+    g.logprobs = k;
+  }
+  if (g.temperature == 0) g.temperature = 0;  // greedy
+  return std::nullopt;
+}
+
+nlohmann::json ChatLogprobEntry(const kvserve::TokenEvent& e, const std::string& text) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& alt : e.top_logprobs) {
+    top.push_back({{"token", alt.text}, {"logprob", alt.logprob}, {"bytes", nlohmann::json::array()}});
+    for (unsigned char ch : alt.text) top.back()["bytes"].push_back(ch);
+  }
+  nlohmann::json bytes = nlohmann::json::array();
+  for (unsigned char ch : text) bytes.push_back(ch);
+  return {{"token", text}, {"logprob", e.logprob}, {"bytes", bytes}, {"top_logprobs", top}};
+}
+
+}  // namespace kvs::server

@@ -1,0 +1,46 @@
+// OpenAI request parsing and response shapes: /v1/completions and /v1/chat/completions bodies
+// to GenerationOptions, every bad parameter to a 400 naming it, and the JSON of errors,
+// completions, chunks and usage.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvserve/kvserve.h"
+#include "server/chat_template.h"
+
+namespace kvs::server {
+
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;   // the offending parameter, if one
+  std::string code;    // e.g. "model_not_found", "context_length_exceeded"
+};
+nlohmann::json ErrorJson(const ApiError& e);
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::string prompt_text;           // completions: a string prompt
+  std::vector<int32_t> prompt_ids;   // completions: a token-array prompt
+  std::vector<ChatMessage> messages;  // chat
+  kvserve::GenerationOptions gen;
+  std::vector<std::string> stop;  // stop strings (up to 4)
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;  // chat: logprobs=true; completions: logprobs=k
+};
+
+// Fills *out from the body, or returns the error to send (400, naming the parameter).
+std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat,
+                                               CompletionRequest* out);
+
+// Logprob entries of one token, in the shape of the endpoint.
+nlohmann::json ChatLogprobEntry(const kvserve::TokenEvent& e, const std::string& text);
+
+}  // namespace kvs::server
