@@ -1,0 +1,317 @@
+// HTTP contract tests: a server on a free loopback port serving stories260K, a C++ client
+// (cpp-httplib), every endpoint and error of the OpenAI-compatible API.
+#include <gtest/gtest.h>
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/http_server.h"
+#include "testing/test_models.h"
+
+namespace kvs::server {
+namespace {
+
+using nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void Start(ServerOptions options = {}) {
+    const std::string path = testing::TestModelPath("stories260K.gguf");
+    if (path.empty()) GTEST_SKIP() << "stories260K.gguf not found (set KVSERVE_TEST_MODELS)";
+    options.model_path = path;
+    options.port = 0;
+    options.engine.threads = 2;
+    if (options.engine.n_ctx == 4096) options.engine.n_ctx = 512;
+    server_ = std::make_unique<Server>(options);
+    auto port = server_->Listen();
+    ASSERT_TRUE(port.ok()) << port.error();
+    port_ = *port;
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+    client_->set_read_timeout(60, 0);
+    auto loading = client_->Get("/health");  // the model is not loaded yet
+    ASSERT_TRUE(loading);
+    EXPECT_EQ(loading->status, 503);
+    EXPECT_NE(loading->body.find("loading"), std::string::npos);
+    ASSERT_TRUE(server_->Load().ok());
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+  }
+  httplib::Result Post(const std::string& path, const json& body, httplib::Headers headers = {}) {
+    return client_->Post(path.c_str(), headers, body.dump(), "application/json");
+  }
+  // The status and the parsed body (a JSON value, possibly after keep-alive whitespace).
+  std::pair<int, json> Call(const std::string& path, const json& body) {
+    auto r = Post(path, body);
+    EXPECT_TRUE(r);
+    if (!r) return {0, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  // SSE data payloads of a streamed response.
+  std::vector<std::string> Stream(const std::string& path, const json& body) {
+    auto r = Post(path, body);
+    EXPECT_TRUE(r);
+    std::vector<std::string> events;
+    if (!r) return events;
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+    size_t pos = 0;
+    while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = r->body.find("\n\n", pos);
+      events.push_back(r->body.substr(pos + 6, end - pos - 6));
+      pos = end;
+    }
+    return events;
+  }
+  double Metric(const std::string& name) {
+    auto r = client_->Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    const std::string key = "kvserve:" + name + " ";
+    const size_t pos = r->body.find("\n" + key);
+    EXPECT_NE(pos, std::string::npos) << name;
+    return pos == std::string::npos ? -1 : std::stod(r->body.substr(pos + 1 + key.size()));
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<httplib::Client> client_;
+  int port_ = 0;
+};
+
+const char* kStory = ", there was a little girl named Lily.";  // greedy after "Once upon a time"
+
+TEST_F(ServerTest, HealthModelsAndMetrics) {
+  Start();
+  auto h = client_->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = client_->Get("/v1/models");
+  ASSERT_TRUE(m);
+  const json models = json::parse(m->body);
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "stories260K");
+  auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* name : {"kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
+                           "num_preemptions_total", "prompt_tokens_total",
+                           "generation_tokens_total", "time_to_first_token_seconds_bucket",
+                           "time_per_output_token_seconds_bucket",
+                           "e2e_request_latency_seconds_bucket"}) {
+    EXPECT_NE(metrics->body.find(std::string("kvserve:") + name), std::string::npos) << name;
+  }
+}
+
+TEST_F(ServerTest, CompletionGreedyWithUsageAndMetrics) {
+  Start();
+  auto [status, body] = Call("/v1/completions", {{"model", "stories260K"},
+                                                 {"prompt", "Once upon a time"},
+                                                 {"max_tokens", 12},
+                                                 {"temperature", 0}});
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_EQ(body["object"], "text_completion");
+  const std::string text = body["choices"][0]["text"];
+  EXPECT_EQ(text.substr(0, 20), std::string(kStory).substr(0, 20));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 5);  // BOS + 4
+  EXPECT_EQ(body["usage"]["total_tokens"], 17);
+  EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(Metric("generation_tokens_total"), 12);
+  EXPECT_EQ(Metric("prompt_tokens_total"), 5);
+  // A token-array prompt is the same prompt.
+  auto [s2, b2] = Call("/v1/completions", {{"prompt", {1, 403, 407, 261, 378}},
+                                           {"max_tokens", 12},
+                                           {"temperature", 0}});
+  ASSERT_EQ(s2, 200);
+  EXPECT_EQ(b2["choices"][0]["text"], text);
+}
+
+TEST_F(ServerTest, StopStringsNAndLogprobs) {
+  Start();
+  auto [status, body] = Call("/v1/completions", {{"prompt", "Once upon a time"},
+                                                 {"max_tokens", 40},
+                                                 {"temperature", 0},
+                                                 {"stop", {"girl", "never-seen"}},
+                                                 {"n", 2},
+                                                 {"logprobs", 2}});
+  ASSERT_EQ(status, 200) << body.dump();
+  ASSERT_EQ(body["choices"].size(), 2u);
+  for (const json& c : body["choices"]) {
+    EXPECT_EQ(c["text"], ", there was a little ");
+    EXPECT_EQ(c["finish_reason"], "stop");
+    const json& lp = c["logprobs"];
+    ASSERT_FALSE(lp.is_null());
+    EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+    EXPECT_GE(lp["tokens"].size(), 5u);
+    EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+    EXPECT_LE(lp["token_logprobs"][0].get<double>(), 0.0);
+  }
+  // Chat logprobs: greedy picks the most likely token, so it is the first alternative.
+  auto [cs, cb] = Call("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                                {"max_tokens", 3},
+                                                {"temperature", 0},
+                                                {"logprobs", true},
+                                                {"top_logprobs", 3}});
+  ASSERT_EQ(cs, 200) << cb.dump();
+  const json& content = cb["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u);
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 3u);
+  EXPECT_FLOAT_EQ(content[0]["logprob"].get<float>(),
+                  content[0]["top_logprobs"][0]["logprob"].get<float>());
+}
+
+TEST_F(ServerTest, ChatPlainAndStreamedWithUsage) {
+  Start();
+  const json messages = {{{"role", "system"}, {"content", "Tell a story."}},
+                         {{"role", "user"}, {"content", "Once upon a time"}}};
+  auto [status, body] =
+      Call("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  const std::string answer = body["choices"][0]["message"]["content"];
+  EXPECT_FALSE(answer.empty());
+
+  const auto events = Stream("/v1/chat/completions", {{"messages", messages},
+                                                      {"max_tokens", 8},
+                                                      {"temperature", 0},
+                                                      {"stream", true},
+                                                      {"stream_options", {{"include_usage", true}}}});
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string streamed;
+  std::string finish;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    const json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    EXPECT_TRUE(chunk["usage"].is_null());
+    const json& choice = chunk["choices"][0];
+    if (i == 0) {
+      EXPECT_EQ(choice["delta"]["role"], "assistant");
+    }
+    if (choice["delta"].contains("content")) streamed += choice["delta"]["content"].get<std::string>();
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_EQ(streamed, answer);  // same greedy answer, streamed
+  EXPECT_EQ(finish, "length");
+  const json usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], body["usage"]["prompt_tokens"]);
+}
+
+TEST_F(ServerTest, ErrorsAreOpenAiShapedWithTheRightStatus) {
+  ServerOptions o;
+  o.engine.n_ctx = 64;
+  o.max_body_bytes = 4096;
+  Start(o);
+  auto expect = [&](httplib::Result r, int status, const std::string& fragment,
+                    const std::string& param = "") {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << r->body;
+    const json body = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(body.contains("error")) << r->body;
+    EXPECT_NE(body["error"]["message"].get<std::string>().find(fragment), std::string::npos)
+        << r->body;
+    EXPECT_TRUE(body["error"].contains("type"));
+    if (!param.empty()) {
+      EXPECT_EQ(body["error"]["param"], param);
+    }
+  };
+  expect(client_->Post("/v1/completions", "{not json", "application/json"), 400, "not valid JSON");
+  expect(Post("/v1/completions", {{"prompt", "x"}, {"temperature", -1}}), 400, "temperature",
+         "temperature");
+  expect(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", "ten"}}), 400, "max_tokens",
+         "max_tokens");
+  expect(Post("/v1/completions", {{"prompt", "x"}, {"n", 0}}), 400, "'n'", "n");
+  expect(Post("/v1/completions", {{"prompt", "x"}, {"stop", {1, 2}}}), 400, "stop", "stop");
+  expect(Post("/v1/completions", {{"max_tokens", 3}}), 400, "prompt", "prompt");
+  expect(Post("/v1/chat/completions", {{"messages", json::array()}}), 400, "messages", "messages");
+  expect(Post("/v1/chat/completions", {{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}),
+         400, "role", "messages");
+  expect(Post("/v1/completions", {{"prompt", std::vector<int32_t>(70, 5)}}), 400,
+         "maximum context length", "prompt");
+  expect(Post("/v1/completions", {{"prompt", {5, 99999}}}), 400, "vocabulary");
+  expect(Post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}}), 404, "does not exist",
+         "model");
+  expect(client_->Get("/v2/nothing"), 404, "Unknown path");
+  expect(client_->Post("/v1/completions", std::string(8192, ' '), "application/json"), 413,
+         "too large");
+}
+
+TEST_F(ServerTest, ApiKeyIsRequiredOnV1) {
+  ServerOptions o;
+  o.api_key = "sekret";
+  Start(o);
+  auto none = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  auto wrong = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}},
+                    {{"Authorization", "Bearer nope"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  EXPECT_EQ(json::parse(wrong->body)["error"]["code"], "invalid_api_key");
+  auto right = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}},
+                    {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(right);
+  EXPECT_EQ(right->status, 200);
+  auto health = client_->Get("/health");  // not under /v1: open
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+// Waits (bounded) until the metric reaches a value: the server frees blocks on its own thread.
+bool MetricBecomes(ServerTest* t, const std::function<double()>& read, double want) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read() == want) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+TEST_F(ServerTest, DisconnectMidStreamFreesBlocksAndOverloadGets503) {
+  ServerOptions o;
+  o.engine.n_parallel = 1;
+  o.max_queue = 0;
+  o.engine.n_ctx = 4000;
+  Start(o);
+  const double total = Metric("kv_cache_blocks_total");
+  // A long streamed request; the client reads two chunks and hangs up.
+  std::atomic<int> chunks{0};
+  std::atomic<bool> second_refused{false};
+  httplib::Client streamer("127.0.0.1", port_);
+  std::thread t([&] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "Once upon a time"}, {"max_tokens", 3900}, {"stream", true},
+                    {"temperature", 0}, {"ignore_eos", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      if (++chunks == 2) {
+        // While it runs, the only seat (-np 1, no queue) is taken: a second request gets 503.
+        auto r = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
+        second_refused = r && r->status == 503 &&
+                         r->body.find("overloaded") != std::string::npos;
+      }
+      return chunks < 3;  // hang up
+    };
+    streamer.send(req);
+  });
+  t.join();
+  EXPECT_TRUE(second_refused);
+  EXPECT_TRUE(MetricBecomes(this, [&] { return Metric("kv_cache_blocks_free"); }, total))
+      << "blocks still held after the client went away";
+  EXPECT_GE(Metric("request_failure_total"), 1);
+  // The seat is free again.
+  auto [status, body] = Call("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_EQ(status, 200) << body.dump();
+}
+
+}  // namespace
+}  // namespace kvs::server
