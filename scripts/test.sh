@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The server's client test uses the official openai npm package (tests/openai_client).
+(cd tests/openai_client && npm install --no-audit --no-fund --loglevel=error)
 jobs=$(nproc)
 scripts/build.sh release
 (cd build && ctest --output-on-failure -j "$jobs")
