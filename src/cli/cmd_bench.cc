@@ -160,7 +160,7 @@ int RunBandwidth(int32_t threads, int32_t size_mib, bool json) {
 
 Runner AddBenchCommand(CLI::App& root) {
   CLI::App* bench =
-      root.add_subcommand("bench", "Benchmarks (speed, bandwidth, memory, throughput)");
+      root.add_subcommand("bench", "Benchmarks (speed, bandwidth, memory, throughput, serve)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand("speed", "Prefill and decode tokens/s, like llama-bench");
@@ -194,8 +194,10 @@ Runner AddBenchCommand(CLI::App& root) {
       ->check(CLI::Range(64, 65536));
   bandwidth->add_flag("--json", bw->json, "Print one JSON object");
   Runner engine_benches = AddEngineBenchCommands(bench);
-  return [a, speed, bw, bandwidth, engine_benches]() -> int {
+  Runner serve_bench = AddServeBenchCommand(bench);
+  return [a, speed, bw, bandwidth, engine_benches, serve_bench]() -> int {
     if (const int rc = engine_benches(); rc >= 0) return rc;
+    if (const int rc = serve_bench(); rc >= 0) return rc;
     if (bandwidth->parsed()) return RunBandwidth(bw->threads, bw->size_mib, bw->json);
     if (!speed->parsed()) return 1;
     return RunSpeed(*a);

@@ -19,6 +19,8 @@ Runner AddBenchCommand(CLI::App& root);
 Runner AddServeCommand(CLI::App& root);
 // `bench memory` and `bench throughput`; the runner returns -1 when neither was chosen.
 Runner AddEngineBenchCommands(CLI::App* bench);
+// `bench serve`, the HTTP load generator; the runner returns -1 when it was not chosen.
+Runner AddServeBenchCommand(CLI::App* bench);
 
 // The model to use when -m is absent: $KVSERVE_MODEL, else ../shared/models/stories260K.gguf,
 // else the copy the setup script downloads into ~/.cache/kvserve/models. Empty if none.

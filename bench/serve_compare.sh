@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# kvserve serve next to llama-server on the same GGUF, measured by the same load generator
+# (`kvserve bench serve`: streamed /v1/completions, PROMPT random prompt tokens, GEN generated
+# tokens with EOS ignored, fixed seed). Both servers: -np NP, 2 threads, room for NP full
+# sequences. For each concurrency C: max(8, C) requests (64 at C = 64), all offered at once.
+#   usage: bench/serve_compare.sh MODEL.gguf [CONCURRENCY_LIST=1,4,16,64] [NP=16] [PROMPT=128] [GEN=128]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $# -ge 1 ]] || { echo "usage: $0 MODEL.gguf [CONCURRENCY_LIST] [NP] [PROMPT] [GEN]" >&2; exit 2; }
+MODEL=$1 CLIST=${2:-1,4,16,64} NP=${3:-16} PROMPT=${4:-128} GEN=${5:-128}
+THREADS=${THREADS:-2}
+PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
+TMP=$(mktemp -d)
+SERVER=
+cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ready() {
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+    kill -0 "$SERVER" 2>/dev/null || { echo "server died" >&2; return 1; }
+    sleep 0.2
+  done
+  return 1
+}
+run_load() {  # $1 engine label, $2 port
+  for c in ${CLIST//,/ }; do
+    n=$(( c > 8 ? c : 8 )); [ "$c" -eq 16 ] && n=32
+    build/kvserve bench serve --url "http://127.0.0.1:$2" --concurrency "$c" --requests "$n" \
+      --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/results.jsonl" || true
+  done
+}
+CTX=$(( PROMPT + GEN + 16 ))
+PORT=$(free_port)
+build/kvserve serve -m "$MODEL" --port "$PORT" -np "$NP" -c "$CTX" -t "$THREADS" 2>"$TMP/kvserve.log" &
+SERVER=$!
+wait_ready "$PORT"
+run_load kvserve "$PORT"
+kill -TERM "$SERVER"; wait "$SERVER" || true
+PORT=$(free_port)
+LD_LIBRARY_PATH="$PEER:${LD_LIBRARY_PATH:-}" "$PEER/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$PORT" \
+  -np "$NP" -c $(( NP * CTX )) -t "$THREADS" -b 2048 -ub 512 -cram 0 >"$TMP/llama.log" 2>&1 &
+SERVER=$!
+wait_ready "$PORT"
+run_load llama-server "$PORT"
+kill -TERM "$SERVER"; wait "$SERVER" || true; SERVER=
+python3 - "$TMP/results.jsonl" "$(basename "$MODEL" .gguf)" "$NP" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+by = {(r["engine"], r["concurrency"]): r for r in rows}
+print(f"model {sys.argv[2]}, both servers -np {sys.argv[3]}, {rows[0]['prompt_tokens']} prompt + {rows[0]['gen_tokens']} generated tokens\n")
+print("| C | requests | engine | errors | output t/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p99 ms |")
+print("|---|---|---|---|---|---|---|---|---|")
+for c in sorted({r["concurrency"] for r in rows}):
+    for e in ("kvserve", "llama-server"):
+        r = by.get((e, c))
+        if r: print(f"| {c} | {r['requests']} | {e} | {r['errors']} | {r['output_tps']:.1f} | {r['ttft_ms']['p50']:.0f} | "
+                    f"{r['ttft_ms']['p99']:.0f} | {r['tpot_ms']['p50']:.1f} | {r['itl_ms']['p99']:.1f} |")
+    a, b = by.get(("kvserve", c)), by.get(("llama-server", c))
+    if a and b and b["output_tps"] > 0:
+        print(f"| {c} | | ratio | | {a['output_tps'] / b['output_tps']:.2f}x | | {b['ttft_ms']['p99'] / max(a['ttft_ms']['p99'], 1e-9):.2f}x lower | | |")
+PY

@@ -1,0 +1,273 @@
+// `kvserve bench serve`: a bounded loopback load generator for any OpenAI-compatible server
+// (kvserve, llama-server, vLLM). Streams /v1/completions with token-id prompts of a stated
+// length distribution (fixed seed), at most C requests in flight, optionally Poisson arrivals
+// at R requests/s; reports TTFT, TPOT, ITL percentiles, throughput and errors.
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+
+namespace kvs::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ServeBenchArgs {
+  std::string url = "http://127.0.0.1:8080";
+  std::string api_key;
+  std::string model;
+  int32_t concurrency = 16;
+  int32_t requests = 64;
+  double rate = 0;  // requests/s, Poisson; 0: all at once (bounded by concurrency)
+  int32_t prompt_tokens = 128;
+  int32_t gen_tokens = 128;
+  double sigma = 0;  // > 0: log-normal lengths around the two medians
+  uint64_t seed = 42;
+  bool json = false;
+};
+
+struct Outcome {
+  bool ok = false;
+  std::string error;
+  int32_t prompt_tokens = 0;
+  int32_t output_tokens = 0;
+  double ttft = 0, e2e = 0;
+  std::vector<double> gaps;  // between content chunks
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = p / 100.0 * (v.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  const double frac = pos - i;
+  return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
+}
+
+Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vector<int32_t>& prompt,
+               int32_t max_tokens) {
+  Outcome o;
+  o.prompt_tokens = static_cast<int32_t>(prompt.size());
+  httplib::Client client(a.url);
+  client.set_read_timeout(600, 0);
+  client.set_connection_timeout(10, 0);
+  httplib::Headers headers;
+  if (!a.api_key.empty()) headers.emplace("Authorization", "Bearer " + a.api_key);
+  nlohmann::json body = {{"prompt", prompt},          {"max_tokens", max_tokens},
+                         {"temperature", 0},          {"stream", true},
+                         {"ignore_eos", true},        {"stream_options", {{"include_usage", true}}}};
+  if (!model.empty()) body["model"] = model;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  std::string buffer;
+  int32_t chunks = 0, usage_tokens = -1;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.headers = headers;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buffer.append(data, n);
+    size_t end;
+    while ((end = buffer.find("\n\n")) != std::string::npos) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+      const nlohmann::json chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (chunk.is_discarded()) continue;
+      if (chunk.contains("error")) {
+        o.error = chunk["error"].value("message", "error in stream");
+        continue;
+      }
+      if (chunk.contains("usage") && chunk["usage"].is_object()) {
+        usage_tokens = chunk["usage"].value("completion_tokens", -1);
+      }
+      if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+      const nlohmann::json& text = chunk["choices"][0]["text"];
+      if (!text.is_string() || text.get<std::string>().empty()) continue;
+      const auto now = Clock::now();
+      if (chunks++ == 0) {
+        o.ttft = std::chrono::duration<double>(now - t0).count();
+      } else {
+        o.gaps.push_back(std::chrono::duration<double>(now - last).count());
+      }
+      last = now;
+    }
+    return true;
+  };
+  auto res = client.send(req);
+  o.e2e = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!res) {
+    o.error = "connection failed: " + httplib::to_string(res.error());
+  } else if (res->status != 200) {
+    o.error = "HTTP " + std::to_string(res->status) + ": " + res->body.substr(0, 200);
+  } else if (o.error.empty()) {
+    o.output_tokens = usage_tokens >= 0 ? usage_tokens : chunks;
+    o.ok = chunks > 0;
+    if (!o.ok) o.error = "no tokens streamed";
+  }
+  return o;
+}
+
+int RunServeBench(const ServeBenchArgs& a) {
+  // The served model: its id and vocabulary (for random prompt tokens) from /v1/models.
+  httplib::Client probe(a.url);
+  probe.set_connection_timeout(10, 0);
+  httplib::Headers headers;
+  if (!a.api_key.empty()) headers.emplace("Authorization", "Bearer " + a.api_key);
+  auto models = probe.Get("/v1/models", headers);
+  if (!models || models->status != 200) {
+    std::fprintf(stderr, "error: %s/v1/models did not answer 200 (%s)\n", a.url.c_str(),
+                 models ? std::to_string(models->status).c_str() : "no connection");
+    return 1;
+  }
+  const nlohmann::json list = nlohmann::json::parse(models->body, nullptr, false);
+  std::string model = a.model;
+  int32_t n_vocab = 500;
+  if (!list.is_discarded() && list.contains("data") && !list["data"].empty()) {
+    if (model.empty()) model = list["data"][0].value("id", "");
+    if (list["data"][0].contains("meta")) n_vocab = list["data"][0]["meta"].value("n_vocab", 500);
+  }
+
+  std::mt19937_64 rng(a.seed);
+  std::uniform_int_distribution<int32_t> token(10, std::max(11, n_vocab - 1));
+  std::lognormal_distribution<double> factor(0.0, a.sigma > 0 ? a.sigma : 1e-9);
+  std::exponential_distribution<double> gap(a.rate > 0 ? a.rate : 1.0);
+  struct Job {
+    std::vector<int32_t> prompt;
+    int32_t max_tokens;
+    double start;  // seconds after the beginning
+  };
+  std::vector<Job> jobs;
+  double t = 0;
+  for (int32_t i = 0; i < a.requests; ++i) {
+    const int32_t p = std::max<int32_t>(1, std::lround(a.prompt_tokens * (a.sigma > 0 ? factor(rng) : 1)));
+    const int32_t g = std::max<int32_t>(1, std::lround(a.gen_tokens * (a.sigma > 0 ? factor(rng) : 1)));
+    Job job{std::vector<int32_t>(p), g, t};
+    for (int32_t& id : job.prompt) id = token(rng);
+    if (a.rate > 0) t += gap(rng);
+    jobs.push_back(std::move(job));
+  }
+
+  std::vector<Outcome> outcomes(jobs.size());
+  std::atomic<size_t> next{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> workers;
+  for (int32_t w = 0; w < std::min<int32_t>(a.concurrency, a.requests); ++w) {
+    workers.emplace_back([&] {
+      for (size_t i; (i = next++) < jobs.size();) {
+        const auto due = t0 + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(jobs[i].start));
+        std::this_thread::sleep_until(due);  // Poisson arrivals (no-op without --rate)
+        outcomes[i] = RunOne(a, model, jobs[i].prompt, jobs[i].max_tokens);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  std::vector<double> ttft, tpot, itl, e2e;
+  int64_t out_tokens = 0, in_tokens = 0;
+  int32_t errors = 0;
+  std::string first_error;
+  for (const Outcome& o : outcomes) {
+    if (!o.ok) {
+      if (errors++ == 0) first_error = o.error;
+      continue;
+    }
+    ttft.push_back(o.ttft * 1e3);
+    e2e.push_back(o.e2e * 1e3);
+    if (o.output_tokens > 1) tpot.push_back((o.e2e - o.ttft) * 1e3 / (o.output_tokens - 1));
+    for (double g : o.gaps) itl.push_back(g * 1e3);
+    out_tokens += o.output_tokens;
+    in_tokens += o.prompt_tokens;
+  }
+  auto pct = [](const std::vector<double>& v) {
+    return nlohmann::json{{"mean", v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size()},
+                          {"p50", Percentile(v, 50)}, {"p90", Percentile(v, 90)}, {"p99", Percentile(v, 99)}};
+  };
+  nlohmann::json j = {{"url", a.url},
+                      {"model", model},
+                      {"requests", a.requests},
+                      {"concurrency", a.concurrency},
+                      {"rate", a.rate},
+                      {"prompt_tokens", a.prompt_tokens},
+                      {"gen_tokens", a.gen_tokens},
+                      {"length_sigma", a.sigma},
+                      {"seed", a.seed},
+                      {"wall_s", wall},
+                      {"errors", errors},
+                      {"output_tokens", out_tokens},
+                      {"output_tps", out_tokens / wall},
+                      {"total_tps", (out_tokens + in_tokens) / wall},
+                      {"request_rate", (a.requests - errors) / wall},
+                      {"ttft_ms", pct(ttft)},
+                      {"tpot_ms", pct(tpot)},
+                      {"itl_ms", pct(itl)},
+                      {"e2e_ms", pct(e2e)}};
+  if (!first_error.empty()) j["first_error"] = first_error;
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s: %d requests (%d prompt + %d generated tokens%s), concurrency %d%s: %.2f s, "
+                "%d errors\n",
+                a.url.c_str(), a.requests, a.prompt_tokens, a.gen_tokens,
+                a.sigma > 0 ? ", log-normal" : "", a.concurrency,
+                a.rate > 0 ? (", Poisson " + std::to_string(a.rate) + " req/s").c_str() : "", wall,
+                errors);
+    std::printf("output %.1f t/s, total %.1f t/s\n", out_tokens / wall, (out_tokens + in_tokens) / wall);
+    std::printf("| ms | mean | p50 | p90 | p99 |\n|---|---|---|---|---|\n");
+    for (const char* k : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"}) {
+      std::printf("| %s | %.1f | %.1f | %.1f | %.1f |\n", k, j[k]["mean"].get<double>(),
+                  j[k]["p50"].get<double>(), j[k]["p90"].get<double>(), j[k]["p99"].get<double>());
+    }
+    if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
+  }
+  return errors == 0 ? 0 : 3;
+}
+
+}  // namespace
+
+Runner AddServeBenchCommand(CLI::App* bench) {
+  auto a = std::make_shared<ServeBenchArgs>();
+  CLI::App* cmd = bench->add_subcommand(
+      "serve", "Load generator for an OpenAI-compatible server: TTFT, TPOT, ITL, throughput");
+  cmd->add_option("--url", a->url, "Server base URL")->capture_default_str();
+  cmd->add_option("--api-key", a->api_key, "Bearer key, if the server wants one");
+  cmd->add_option("--model", a->model, "Model id (default: the first of /v1/models)");
+  cmd->add_option("--concurrency", a->concurrency, "Requests in flight at most")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--requests", a->requests, "Requests in all")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--rate", a->rate, "Poisson arrivals at this many requests/s (0: all at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length (random token ids)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--gen-tokens", a->gen_tokens, "Tokens generated per request (EOS ignored)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--length-sigma", a->sigma, "> 0: log-normal lengths around those medians")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3.0));
+  cmd->add_option("-s,--seed", a->seed, "Workload seed")->capture_default_str();
+  cmd->add_flag("--json", a->json, "Print one JSON object");
+  return [a, cmd]() -> int { return cmd->parsed() ? RunServeBench(*a) : -1; };
+}
+
+}  // namespace kvs::cli
