@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvserve serve next to llama-server on the same GGUF, measured by the same load generator
 # (`kvserve bench serve`: streamed /v1/completions, PROMPT random prompt tokens, GEN generated
-# tokens with EOS ignored, fixed seed). Both servers: -np NP, 2 threads, room for NP full
+# tokens with EOS ignored, a fixed seed per concurrency so no prompt repeats across runs, and
+# "cache_prompt": false so that llama-server does not reuse a slot's KV). Both servers: -np NP, 2 threads, room for NP full
 # sequences. For each concurrency C: max(8, C) requests (64 at C = 64), all offered at once.
 #   usage: bench/serve_compare.sh MODEL.gguf [CONCURRENCY_LIST=1,4,16,64] [NP=16] [PROMPT=128] [GEN=128]
 set -euo pipefail
@@ -27,7 +28,7 @@ run_load() {  # $1 engine label, $2 port
   for c in ${CLIST//,/ }; do
     n=$(( c > 8 ? c : 8 )); [ "$c" -eq 16 ] && n=32
     build/kvserve bench serve --url "http://127.0.0.1:$2" --concurrency "$c" --requests "$n" \
-      --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/results.jsonl" || true
+      --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --seed "$((1000 + c))" --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/results.jsonl" || true
   done
 }
 CTX=$(( PROMPT + GEN + 16 ))

@@ -26,6 +26,15 @@ if KVSERVE_URL="http://127.0.0.1:$PORT" KVSERVE_MODEL_ID=stories260K node "$HERE
 else
   echo "FAIL - openai npm client"; failures=$((failures + 1))
 fi
+# The load generator against it.
+out=$("$BIN" bench serve --url "http://127.0.0.1:$PORT" --concurrency 3 --requests 6 --prompt-tokens 9 --gen-tokens 7 --json)
+if echo "$out" | grep -q '"errors":0' && echo "$out" | grep -q '"output_tokens":42' && echo "$out" | grep -q '"ttft_ms":{'; then
+  echo "ok   - bench serve"; else echo "FAIL - bench serve: $out"; failures=$((failures + 1)); fi
+# Metrics after all that: finished requests counted, no blocks held.
+metrics=$(curl -s "http://127.0.0.1:$PORT/metrics")
+if echo "$metrics" | grep -q '^kvserve:generation_tokens_total [1-9]' &&
+   [ "$(echo "$metrics" | awk '/^kvserve:kv_cache_blocks_free /{print $2}')" = "$(echo "$metrics" | awk '/^kvserve:kv_cache_blocks_total /{print $2}')" ]; then
+  echo "ok   - metrics"; else echo "FAIL - metrics: $(echo "$metrics" | grep -v '^#' | head -12)"; failures=$((failures + 1)); fi
 # Shutdown under load: a long stream is running when SIGTERM arrives.
 curl -sN "http://127.0.0.1:$PORT/v1/completions" -d '{"prompt":"Once","max_tokens":2000,"stream":true,"ignore_eos":true}' >"$TMP/stream" &
 CURL=$!

@@ -313,5 +313,37 @@ TEST_F(ServerTest, DisconnectMidStreamFreesBlocksAndOverloadGets503) {
   EXPECT_EQ(status, 200) << body.dump();
 }
 
+// Chat formats: recognised from real templates' markers, rendered with the family's tokens.
+TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
+  EXPECT_EQ(DetectChatFormat("{% for m in messages %}<|im_start|>{{m.role}}"), ChatFormat::kChatML);
+  EXPECT_EQ(DetectChatFormat("<|start_header_id|>' + message['role']"), ChatFormat::kLlama3);
+  EXPECT_EQ(DetectChatFormat("[INST] <<SYS>>\n' + system"), ChatFormat::kLlama2);
+  EXPECT_EQ(DetectChatFormat("{{ '[INST] ' + message['content'] + ' [/INST]' }}"),
+            ChatFormat::kMistral);
+  EXPECT_EQ(DetectChatFormat(""), ChatFormat::kPlain);
+  EXPECT_FALSE(ChatFormatFromName("vicuna").ok());
+  EXPECT_EQ(*ChatFormatFromName("qwen"), ChatFormat::kChatML);
+
+  const std::vector<ChatMessage> m = {{"system", "Be brief."}, {"user", "Hi"},
+                                      {"assistant", "Hello"}, {"user", "Bye"}};
+  EXPECT_EQ(RenderChat(ChatFormat::kChatML, m).text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(RenderChat(ChatFormat::kLlama3, m).text,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(RenderChat(ChatFormat::kMistral, m).text,
+            "<s>[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] Bye [/INST]");
+  EXPECT_EQ(RenderChat(ChatFormat::kLlama2, m).text,
+            "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello </s><s>[INST] Bye [/INST]");
+  const RenderedChat plain = RenderChat(ChatFormat::kPlain, m);
+  EXPECT_EQ(plain.text, "System: Be brief.\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
+  EXPECT_TRUE(plain.add_bos);
+}
+
 }  // namespace
 }  // namespace kvs::server

@@ -66,7 +66,10 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vec
   if (!a.api_key.empty()) headers.emplace("Authorization", "Bearer " + a.api_key);
   nlohmann::json body = {{"prompt", prompt},          {"max_tokens", max_tokens},
                          {"temperature", 0},          {"stream", true},
-                         {"ignore_eos", true},        {"stream_options", {{"include_usage", true}}}};
+                         {"ignore_eos", true},        {"stream_options", {{"include_usage", true}}},
+                         // llama-server reuses a slot's KV for a repeated prompt unless told
+                         // not to; every request here must be computed (kvserve ignores it).
+                         {"cache_prompt", false}};
   if (!model.empty()) body["model"] = model;
   const auto t0 = Clock::now();
   auto last = t0;

@@ -1,5 +1,8 @@
 #include "server/chat_template.h"
 
+#include <algorithm>
+#include <cctype>
+
 namespace kvs::server {
 
 const char* ChatFormatName(ChatFormat f) {
@@ -80,32 +83,29 @@ RenderedChat RenderChat(ChatFormat format, const std::vector<ChatMessage>& messa
       break;
     case ChatFormat::kLlama2:
     case ChatFormat::kMistral: {
+      // Neither has a system role: Llama 2 wraps it in <<SYS>> inside the first [INST],
+      // Mistral puts it before the first user message.
       const bool llama2 = format == ChatFormat::kLlama2;
-      std::vector<ChatMessage> folded;
-      if (llama2) {
-        // Llama 2 wraps the system prompt in <<SYS>> inside the first [INST].
-        std::string system;
-        for (const ChatMessage& m : messages) {
-          if (m.role == "system") system += m.content;
-        }
-        folded = FoldSystem(messages, "");
-        if (!system.empty()) {
-          for (ChatMessage& m : folded) {
-            if (m.role == "user") {
-              m.content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + m.content.substr(system.size());
-              break;
-            }
+      std::string system;
+      for (const ChatMessage& m : messages) {
+        if (m.role == "system") system += (system.empty() ? "" : "\n") + m.content;
+      }
+      std::vector<ChatMessage> turns = FoldSystem(messages, "\n\n");
+      if (llama2 && !system.empty()) {
+        for (ChatMessage& m : turns) {
+          if (m.role == "user") {
+            const size_t folded = std::min(m.content.size(), system.size() + 2);
+            m.content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + m.content.substr(folded);
+            break;
           }
         }
-      } else {
-        folded = FoldSystem(messages, "\n\n");
       }
       t = "<s>";
-      for (const ChatMessage& m : folded) {
+      for (const ChatMessage& m : turns) {
         if (m.role == "assistant") {
-          t += (llama2 ? " " : "") + m.content + "</s>" + (llama2 ? "<s>" : "");
+          t += llama2 ? " " + m.content + " </s><s>" : m.content + "</s>";
         } else {
-          t += (llama2 ? "[INST] " : "[INST] ") + m.content + " [/INST]";
+          t += "[INST] " + m.content + " [/INST]";
         }
       }
       break;
