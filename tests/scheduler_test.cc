@@ -270,6 +270,19 @@ TEST(Scheduler, ForkSharesThePromptAndCopiesThePartialBlockOnWrite) {
   EXPECT_EQ(e.kv().num_free_blocks(), 31);
 }
 
+TEST(Scheduler, CancellingBeforeTheForkEndsEveryChoice) {
+  FakeRunner runner;
+  Engine e(Config(32, 4, 4, 4), runner);
+  Collected c;
+  const RequestId id = Submit(e, Prompt(10, 0), Greedy(3, /*n=*/3), &c);
+  ASSERT_TRUE(e.Step().ok());  // 4 of 10 prompt tokens: not forked yet
+  EXPECT_EQ(e.scheduler().running().size(), 1u);
+  EXPECT_TRUE(e.Cancel(id));
+  ASSERT_EQ(c.finish.size(), 3u);
+  for (int32_t choice = 0; choice < 3; ++choice) EXPECT_EQ(c.finish[choice], FinishReason::kCancelled);
+  EXPECT_EQ(e.kv().num_free_blocks(), 31);
+}
+
 TEST(Scheduler, StopTokenAndContextEndFinishRequests) {
   FakeRunner runner;
   EngineConfig cfg = Config(32, 16, 4, 64);

@@ -37,7 +37,8 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(loading);
     EXPECT_EQ(loading->status, 503);
     EXPECT_NE(loading->body.find("loading"), std::string::npos);
-    ASSERT_TRUE(server_->Load().ok());
+    const Status loaded = server_->Load();
+    ASSERT_TRUE(loaded.ok()) << loaded.message();
   }
   void TearDown() override {
     if (server_) server_->Stop();
@@ -239,6 +240,13 @@ TEST_F(ServerTest, ErrorsAreOpenAiShapedWithTheRightStatus) {
   expect(Post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}}), 404, "does not exist",
          "model");
   expect(client_->Get("/v2/nothing"), 404, "Unknown path");
+  expect(client_->Get("/%ff%fe"), 404, "Unknown path");  // not UTF-8 once decoded
+  expect(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}}),
+         400, "text content parts", "messages");
+  expect(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", {{{"type", 1}}}}}}}}),
+         400, "text content parts", "messages");
+  expect(Post("/v1/completions", {{"prompt", {1, 4294967296LL}}}), 400, "out of range", "prompt");
+  expect(Post("/v1/completions", {{"prompt", {1, -3}}}), 400, "out of range", "prompt");
   expect(client_->Post("/v1/completions", std::string(8192, ' '), "application/json"), 413,
          "too large");
 }

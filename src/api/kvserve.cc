@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -132,11 +133,13 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   impl->options = options;
   EngineOptions& o = impl->options;
   const int64_t block_bytes = static_cast<int64_t>(geometry.BytesPerBlock());
-  const int64_t blocks_per_seq = (o.n_ctx + o.block_size - 1) / o.block_size;
+  const int64_t blocks_per_seq = (int64_t{o.n_ctx} + o.block_size - 1) / o.block_size;
   const int64_t available = AvailableRamBytes();
   if (o.kv_memory_bytes <= 0) {
-    o.kv_memory_bytes = std::min<int64_t>(blocks_per_seq * o.n_parallel * block_bytes,
-                                          available / 2);
+    // n_parallel full sequences, the null block, and the 1% admission watermark on top.
+    const double blocks = std::ceil((static_cast<double>(blocks_per_seq) * o.n_parallel + 1) * 1.02) + 1;
+    const double want = blocks * block_bytes;
+    o.kv_memory_bytes = static_cast<int64_t>(std::min<double>(want, available / 2));
   }
   if (o.kv_memory_bytes > available) {
     *error = kvs::StrFormat("--kv-memory %.2f GiB is more than the %.2f GiB of RAM available",

@@ -81,7 +81,8 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vec
   req.headers = headers;
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+  // Parses SSE events; .at() and type checks throw on odd replies, caught below.
+  auto receive = [&](const char* data, size_t n) {
     buffer.append(data, n);
     size_t end;
     while ((end = buffer.find("\n\n")) != std::string::npos) {
@@ -89,17 +90,26 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vec
       buffer.erase(0, end + 2);
       if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
       const nlohmann::json chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
-      if (chunk.is_discarded()) continue;
+      if (chunk.is_discarded() || !chunk.is_object()) continue;
       if (chunk.contains("error")) {
-        o.error = chunk["error"].value("message", "error in stream");
+        const nlohmann::json& err = chunk.at("error");
+        o.error = err.is_object() && err.contains("message") ? err.at("message").dump()
+                                                              : "error in stream";
         continue;
       }
-      if (chunk.contains("usage") && chunk["usage"].is_object()) {
-        usage_tokens = chunk["usage"].value("completion_tokens", -1);
+      if (chunk.contains("usage") && chunk.at("usage").is_object() &&
+          chunk.at("usage").contains("completion_tokens")) {
+        usage_tokens = chunk.at("usage").at("completion_tokens").get<int32_t>();
       }
-      if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
-      const nlohmann::json& text = chunk["choices"][0]["text"];
-      if (!text.is_string() || text.get<std::string>().empty()) continue;
+      if (!chunk.contains("choices") || !chunk.at("choices").is_array() ||
+          chunk.at("choices").empty()) {
+        continue;
+      }
+      const nlohmann::json& choice = chunk.at("choices").at(0);
+      if (!choice.is_object() || !choice.contains("text") || !choice.at("text").is_string() ||
+          choice.at("text").get<std::string>().empty()) {
+        continue;
+      }
       const auto now = Clock::now();
       if (chunks++ == 0) {
         o.ttft = std::chrono::duration<double>(now - t0).count();
@@ -109,6 +119,14 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vec
       last = now;
     }
     return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    try {
+      return receive(data, n);
+    } catch (const std::exception& e) {  // an odd reply is this request's error, not a crash
+      o.error = std::string("bad stream: ") + e.what();
+      return false;
+    }
   };
   auto res = client.send(req);
   o.e2e = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -139,9 +157,12 @@ int RunServeBench(const ServeBenchArgs& a) {
   const nlohmann::json list = nlohmann::json::parse(models->body, nullptr, false);
   std::string model = a.model;
   int32_t n_vocab = 500;
-  if (!list.is_discarded() && list.contains("data") && !list["data"].empty()) {
-    if (model.empty()) model = list["data"][0].value("id", "");
-    if (list["data"][0].contains("meta")) n_vocab = list["data"][0]["meta"].value("n_vocab", 500);
+  try {
+    const nlohmann::json& first = list.at("data").at(0);
+    if (model.empty() && first.at("id").is_string()) model = first.at("id");
+    if (first.contains("meta")) n_vocab = first.at("meta").at("n_vocab").get<int32_t>();
+  } catch (const std::exception&) {
+    // No usable model list: send no model id and draw token ids below 500.
   }
 
   std::mt19937_64 rng(a.seed);

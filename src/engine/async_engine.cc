@@ -73,7 +73,9 @@ void AsyncEngine::Loop() {
       }
       Status st = engine_.SubmitWithId(c.id, std::move(c.prompt), c.options, c.on_token);
       if (!st.ok() && c.on_token) {
-        c.on_token(TokenEvent{c.id, 0, -1, true, FinishReason::kError, st.message(), 0.f, {}});
+        for (int32_t choice = 0; choice < std::max(1, c.options.n); ++choice) {
+          c.on_token(TokenEvent{c.id, choice, -1, true, FinishReason::kError, st.message(), 0.f, {}});
+        }
       }
     }
     if (stopping) {

@@ -149,10 +149,19 @@ void Engine::Finish(Sequence* seq, FinishReason reason, TokenEvent event) {
   KVS_CHECK(it != requests_.end());
   RequestState& r = it->second;
   r.live.erase(std::find(r.live.begin(), r.live.end(), seq));
+  // A request that ends before its prompt forked still owes an end to its other choices.
+  std::vector<TokenEvent> events{event};
+  for (int32_t c = 1; c < seq->seats; ++c) {
+    events.push_back(event);
+    events.back().choice = c;
+    events.back().token = -1;
+  }
   sequences_.erase(seq->id);  // seq is gone from here on
   TokenCallback callback = r.on_token;
   if (r.live.empty()) requests_.erase(it);
-  if (callback) callback(event);
+  if (callback) {
+    for (const TokenEvent& e : events) callback(e);
+  }
 }
 
 void Engine::Fork(Sequence* parent) {

@@ -84,8 +84,11 @@ Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   if (tables_.contains(child)) {
     return Status::Error(StrFormat("fork: sequence %lld already exists", (long long)child));
   }
-  for (int32_t id : it->second.blocks) KVS_RETURN_IF_ERROR(pool_.Ref(id));
+  // Only the blocks holding positions are shared; blocks reserved past them (a contiguous-style
+  // reservation) stay the parent's, or both would write them.
   BlockTable copy = it->second;  // copied before emplace: emplace may rehash and move it
+  copy.blocks.resize(std::min<size_t>(copy.blocks.size(), BlocksFor(copy.num_tokens)));
+  for (int32_t id : copy.blocks) KVS_RETURN_IF_ERROR(pool_.Ref(id));
   tables_.emplace(child, std::move(copy));
   return Status::Ok();
 }

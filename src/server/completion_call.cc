@@ -68,9 +68,9 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
       error_ = true;
       error_message_ = e.error;
     }
-    if (!c.done) FinishChoice(e.choice, e.finish_reason);
     ++engine_ends_;
     if (engine_ends_ == static_cast<int32_t>(choices_.size())) engine_done_ = true;
+    if (!c.done) FinishChoice(e.choice, e.finish_reason);
   }
   cv_.notify_all();
 }
@@ -161,7 +161,7 @@ std::string CompletionCall::ChunkJson(const Piece& p) {
                           {"model", model_},
                           {"choices", {choice}}};
   if (request_.include_usage) chunk["usage"] = nullptr;
-  return chunk.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return Dump(chunk);
 }
 
 std::string CompletionCall::FinalJson() const {
@@ -200,7 +200,7 @@ std::string CompletionCall::FinalJson() const {
                          {"model", model_},
                          {"choices", choices},
                          {"usage", Usage()}};
-  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return Dump(body);
 }
 
 void CompletionCall::RecordMetrics(bool ok) {
@@ -227,7 +227,7 @@ bool CompletionCall::Pump(const std::function<bool(const std::string&)>& write, 
       if (all_done()) {
         if (error_) {
           ApiError err{500, "server_error", error_message_, {}, {}};
-          out.push_back("data: " + ErrorJson(err).dump() + "\n\n");
+          out.push_back("data: " + Dump(ErrorJson(err)) + "\n\n");
         }
         if (request_.include_usage) {
           nlohmann::json chunk = {{"id", id_},
@@ -236,7 +236,7 @@ bool CompletionCall::Pump(const std::function<bool(const std::string&)>& write, 
                                   {"model", model_},
                                   {"choices", nlohmann::json::array()},
                                   {"usage", Usage()}};
-          out.push_back("data: " + chunk.dump() + "\n\n");
+          out.push_back("data: " + Dump(chunk) + "\n\n");
         }
         out.push_back("data: [DONE]\n\n");
         finished_ = true;
@@ -246,7 +246,7 @@ bool CompletionCall::Pump(const std::function<bool(const std::string&)>& write, 
       pieces_.clear();  // the text is kept per choice
       if (all_done()) {
         if (error_) {
-          out.push_back(ErrorJson(ApiError{500, "server_error", error_message_, {}, {}}).dump());
+          out.push_back(Dump(ErrorJson(ApiError{500, "server_error", error_message_, {}, {}})));
         } else {
           out.push_back(FinalJson());
         }

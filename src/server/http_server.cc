@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <chrono>
+
 #include "core/log.h"
 #include "server/completion_call.h"
 #include "server/openai_api.h"
@@ -11,7 +13,7 @@ namespace {
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
-  res.set_content(ErrorJson(e).dump(), "application/json");
+  res.set_content(Dump(ErrorJson(e)), "application/json");
 }
 
 std::string FileStem(const std::string& path) {
@@ -42,6 +44,10 @@ bool Server::Authorized(const httplib::Request& req, httplib::Response& res) con
 void Server::Routes() {
   httplib::Server& s = *http_;
   s.set_payload_max_length(options_.max_body_bytes);
+  // A handler thread is held by every connection: idle or slow ones must not keep it long.
+  s.set_keep_alive_timeout(5);
+  s.set_keep_alive_max_count(100);
+  s.set_read_timeout(30, 0);
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req, res)) {
       return httplib::Server::HandlerResponse::Handled;
@@ -65,7 +71,7 @@ void Server::Routes() {
     } else {
       e.message = "HTTP error " + std::to_string(res.status);
     }
-    res.set_content(ErrorJson(e).dump(), "application/json");
+    res.set_content(Dump(ErrorJson(e)), "application/json");
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (ready_ && !stopping_) {
@@ -77,7 +83,7 @@ void Server::Routes() {
     }
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    const kvserve::EngineStats stats = engine_ ? engine_->stats() : kvserve::EngineStats{};
+    const kvserve::EngineStats stats = ready_ ? engine_->stats() : kvserve::EngineStats{};
     res.set_content(metrics_.Render(stats, model_id_), "text/plain; version=0.0.4");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { Models(res); });
@@ -100,7 +106,7 @@ void Server::Models(httplib::Response& res) const {
         {"n_ctx", engine_->options().n_ctx},
         {"n_ctx_train", model_->n_ctx_train()},
         {"chat_template", ChatFormatName(chat_format_)}}}};
-  res.set_content(nlohmann::json{{"object", "list"}, {"data", {model}}}.dump(), "application/json");
+  res.set_content(Dump(nlohmann::json{{"object", "list"}, {"data", {model}}}), "application/json");
 }
 
 void Server::Completion(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -158,11 +164,17 @@ void Server::Completion(const httplib::Request& req, httplib::Response& res, boo
   res.set_chunked_content_provider(
       request.stream ? "text/event-stream" : "application/json",
       [call](size_t, httplib::DataSink& sink) {
-        bool done = false;
-        const bool alive = call->Pump(
-            [&sink](const std::string& s) { return sink.write(s.data(), s.size()); }, &done);
-        if (alive && done) sink.done();
-        return alive;
+        try {
+          bool done = false;
+          const bool alive = call->Pump(
+              [&sink](const std::string& s) { return sink.write(s.data(), s.size()); }, &done);
+          if (alive && done) sink.done();
+          return alive;
+        } catch (const std::exception& e) {  // never let a response kill the server
+          KVS_LOG_ERROR("response failed: %s", e.what());
+          call->Abandon();
+          return false;
+        }
       },
       [call, this](bool) {
         call->Abandon();  // no-op when the response was complete
@@ -191,6 +203,8 @@ Expected<int> Server::Listen() {
     http_->listen_after_bind();
     listening_ = false;
   });
+  // stop() is a no-op until the loop runs: wait for it, so that Stop() can never be lost.
+  while (!http_->is_running() && listening_) std::this_thread::yield();
   return port;
 }
 
@@ -207,6 +221,15 @@ Status Server::Load() {
   if (eo.n_ctx == 0) eo.n_ctx = model_->n_ctx_train();
   engine_ = kvserve::Engine::Start(model_, eo, &error);
   if (!engine_) return Status::Error(error);
+  // Requests without max_tokens may grow to -c: one such sequence must fit the pool.
+  const kvserve::EngineStats s = engine_->stats();
+  const int64_t positions = static_cast<int64_t>(s.kv_blocks_total) * s.block_size;
+  if (positions < eo.n_ctx) {
+    engine_.reset();
+    return Status::Error(StrFormat("--kv-memory holds %lld positions, fewer than one full context "
+                                   "(-c %d); raise --kv-memory or lower -c",
+                                   static_cast<long long>(positions), eo.n_ctx));
+  }
   ready_ = true;
   return Status::Ok();
 }
@@ -217,6 +240,12 @@ void Server::Stop() {
   // Cancelling what runs lets every handler finish its response; stopping the listener then
   // joins the handler threads, after which nothing refers to the engine.
   if (engine_) engine_->CancelAll();
+  // httplib stops writing chunked bodies the moment it stops, so let the cancelled responses
+  // reach their end ([DONE]) first; a client that does not read gets a few seconds.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   if (http_) http_->stop();
   if (listen_thread_.joinable()) listen_thread_.join();
   engine_.reset();

@@ -1,6 +1,8 @@
 #include "server/openai_api.h"
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 
 namespace kvs::server {
 
@@ -50,23 +52,29 @@ std::optional<ApiError> ParseMessages(const nlohmann::json& body, CompletionRequ
     return Bad("messages", "'messages' must be a non-empty array of {role, content}");
   }
   for (const nlohmann::json& m : *it) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+    const auto role_it = m.is_object() ? m.find("role") : m.end();
+    if (!m.is_object() || role_it == m.end() || !role_it->is_string()) {
       return Bad("messages", "every message needs a string 'role'");
     }
-    const std::string role = m["role"];
+    const std::string role = *role_it;
     if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
       return Bad("messages", "unknown message role '" + role + "'");
     }
     std::string content;
-    const nlohmann::json& c = m.contains("content") ? m["content"] : nlohmann::json();
+    const auto content_it = m.find("content");
+    const nlohmann::json c = content_it != m.end() ? *content_it : nlohmann::json();
     if (c.is_string()) {
       content = c;
     } else if (c.is_array()) {  // content parts: only text is supported
       for (const nlohmann::json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part["text"].is_string()) {
-          return Bad("messages", "only text content parts are supported");
+        const auto type = part.is_object() ? part.find("type") : part.end();
+        const auto text = part.is_object() ? part.find("text") : part.end();
+        if (!part.is_object() || type == part.end() || !type->is_string() || *type != "text" ||
+            text == part.end() || !text->is_string()) {
+          return Bad("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) "
+                                 "are supported");
         }
-        content += part["text"].get<std::string>();
+        content += text->get<std::string>();
       }
     } else if (!c.is_null()) {
       return Bad("messages", "a message's 'content' must be a string or text parts");
@@ -93,7 +101,12 @@ std::optional<ApiError> ParsePrompt(const nlohmann::json& body, CompletionReques
         return Bad("prompt", "'prompt' must be a string or an array of token ids "
                              "(several prompts per request are not supported)");
       }
-      out->prompt_ids.push_back(t.get<int32_t>());
+      // Unsigned values past int64 read as huge; range-check before narrowing.
+      const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX
+                             ? int64_t{-1}
+                             : t.get<int64_t>();
+      if (id < 0 || id > INT32_MAX) return Bad("prompt", "token id " + t.dump() + " is out of range");
+      out->prompt_ids.push_back(static_cast<int32_t>(id));
     }
     return std::nullopt;
   }
@@ -117,8 +130,9 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
   g.top_p = 1.0f;
   g.min_p = 0.f;
   g.max_tokens = chat ? -1 : 16;
-  const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens"
-                                                                        : "max_tokens";
+  const auto mct = body.find("max_completion_tokens");
+  const char* max_key =
+      chat && mct != body.end() && !mct->is_null() ? "max_completion_tokens" : "max_tokens";
   if (auto e = Number(body, max_key, 1, 1 << 24, &g.max_tokens)) return e;
   if (auto e = Number(body, "temperature", 0, 2, &g.temperature)) return e;
   if (auto e = Number(body, "top_p", 0, 1, &g.top_p)) return e;
@@ -157,7 +171,8 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
     if (auto e = Bool(body, "logprobs", &out->logprobs)) return e;
     int32_t top = 0;
     if (auto e = Number(body, "top_logprobs", 0, 20, &top)) return e;
-    if (body.contains("top_logprobs") && !out->logprobs) {
+    const auto tl = body.find("top_logprobs");
+    if (tl != body.end() && !tl->is_null() && !out->logprobs) {
       return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     }
     if (out->logprobs) g.logprobs = top;

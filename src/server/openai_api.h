@@ -22,6 +22,11 @@ struct ApiError {
   std::string code;    // e.g. "model_not_found", "context_length_exceeded"
 };
 nlohmann::json ErrorJson(const ApiError& e);
+// JSON text for a client; invalid UTF-8 (from a model's bytes or a client's path) becomes
+// U+FFFD instead of an exception.
+inline std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 struct CompletionRequest {
   bool chat = false;
