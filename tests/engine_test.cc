@@ -17,6 +17,7 @@ struct Outcome {
   std::vector<std::vector<int32_t>> tokens;  // [request][token]
   int32_t preemptions = 0;
   int32_t max_running = 0;
+  int64_t prefix_hits = 0;
 };
 
 std::vector<std::vector<int32_t>> Prompts() {
@@ -32,13 +33,17 @@ std::vector<std::vector<int32_t>> Prompts() {
 }
 
 Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
-              EngineConfig cfg, int32_t max_tokens) {
+              EngineConfig cfg, int32_t max_tokens, int32_t rounds = 1) {
   ThreadPool pool(2);
   cfg.verify_each_step = true;
   ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks);
   Engine engine(cfg, runner);
   Outcome out;
   out.tokens.resize(prompts.size());
+  for (int32_t round = 0; round < rounds; ++round) {
+  if (round > 0) {  // later rounds resubmit the same prompts: the prefix cache may serve them
+    for (auto& t : out.tokens) t.clear();
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOptions o;
     o.sampling.temperature = 0;
@@ -53,6 +58,8 @@ Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& promp
     EXPECT_TRUE(engine.Step(&stats).ok());
     out.preemptions += stats.n_preempted;
     out.max_running = std::max(out.max_running, stats.n_running);
+    if (stats.n_tokens > 0) out.prefix_hits = stats.prefix_hits;
+  }
   }
   EXPECT_FALSE(engine.HasWork());
   EXPECT_EQ(engine.kv().num_free_blocks(), engine.kv().num_usable_blocks());
@@ -108,6 +115,29 @@ TEST_F(BatchedEqualsAlone, WithPreemptionFromATinyKvMemory) {
   Outcome tight = Serve(*model_, Prompts(), Config(8, 64, 13), kMaxTokens);
   EXPECT_GT(tight.preemptions, 0);
   EXPECT_EQ(tight.tokens, alone_);
+}
+
+TEST_F(BatchedEqualsAlone, SameOutputsWithAndWithoutThePrefixCache) {
+  // Eight prompts sharing a 37-token head (two full blocks), then different tails, served
+  // twice: the second round hits the cache for every prompt, also under preemption.
+  std::vector<std::vector<int32_t>> prompts = Prompts();
+  std::vector<int32_t> head = {1};
+  for (int32_t i = 1; i < 37; ++i) head.push_back(3 + (i * 53) % 500);
+  for (auto& p : prompts) p.insert(p.begin() + 1, head.begin() + 1, head.end());
+  EngineConfig off = Config(8, 64, 64);
+  off.prefix_cache = false;
+  const Outcome plain = Serve(*model_, prompts, off, kMaxTokens);
+  EXPECT_EQ(plain.prefix_hits, 0);
+  for (int32_t n_blocks : {64, 20}) {
+    const Outcome cached = Serve(*model_, prompts, Config(8, 64, n_blocks), kMaxTokens, 2);
+    EXPECT_EQ(cached.tokens, plain.tokens) << n_blocks << " blocks";
+    EXPECT_GE(cached.prefix_hits, 8 * 32) << n_blocks << " blocks";
+  }
+  // Alone, with the cache warm from the other prompts.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Outcome alone = Serve(*model_, {prompts[0], prompts[i]}, Config(1, 512, 64), kMaxTokens);
+    EXPECT_EQ(alone.tokens[1], plain.tokens[i]) << i;
+  }
 }
 
 TEST_F(BatchedEqualsAlone, WithLargerPoolBlocks) {

@@ -225,6 +225,90 @@ TEST(KvCacheManager, ReserveTakesTheWholeContextUpFront) {
   EXPECT_EQ(kv.num_free_blocks(), 4);
 }
 
+// --- Prefix cache: exact block ids.
+
+std::vector<int32_t> Tokens(int32_t n, int32_t base) {
+  std::vector<int32_t> t(n);
+  for (int32_t i = 0; i < n; ++i) t[i] = base + i;
+  return t;
+}
+
+// Runs a sequence as the engine does: adopt the cached prefix, append the rest, commit.
+PrefixMatch Serve(KvCacheManager& kv, SeqId seq, const std::vector<int32_t>& tokens,
+                  const BlockHash& key) {
+  PrefixMatch m = kv.Match(tokens.data(), static_cast<int32_t>(tokens.size()), key);
+  if (!m.blocks.empty()) kv.AdoptPrefix(seq, m);
+  EXPECT_TRUE(Append(kv, seq, static_cast<int32_t>(tokens.size()) - m.n_tokens));
+  kv.CommitFullBlocks(seq, tokens.data(), static_cast<int32_t>(tokens.size()), key);
+  ExpectIntact(kv);
+  return m;
+}
+
+TEST(PrefixCache, FullAndPartialHitsShareBlocks) {
+  KvCacheManager kv(17, 4);
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  const std::vector<int32_t> a = Tokens(13, 100);  // blocks 1 2 3 full, 4 partial
+  EXPECT_EQ(Serve(kv, 1, a, key).n_tokens, 0);
+  EXPECT_EQ(kv.Table(1).blocks, (Ids{1, 2, 3, 4}));
+  EXPECT_EQ(kv.num_cached_blocks(), 3);
+  // Full hit: the same 13 tokens share blocks 1-3 (never the last token's block).
+  const PrefixMatch full = Serve(kv, 2, a, key);
+  EXPECT_EQ(full.blocks, (Ids{1, 2, 3}));
+  EXPECT_EQ(full.n_tokens, 12);
+  EXPECT_EQ(kv.Table(2).blocks, (Ids{1, 2, 3, 5}));
+  EXPECT_EQ(kv.pool().ref_count(2), 2);
+  // Partial hit: diverging in the middle of the second block shares only the first.
+  std::vector<int32_t> b = a;
+  b[6] = 999;
+  const PrefixMatch partial = Serve(kv, 3, b, key);
+  EXPECT_EQ(partial.blocks, (Ids{1}));
+  EXPECT_EQ(kv.Table(3).blocks, (Ids{1, 6, 7, 8}));
+  // A prompt of exactly one block: its last token must be computed, so no hit.
+  EXPECT_EQ(kv.Match(a.data(), 4, key).n_tokens, 0);
+  EXPECT_EQ(kv.Match(a.data(), 5, key).n_tokens, 4);
+}
+
+TEST(PrefixCache, HitsAfterTheOwnerFinishedAndLruEvictionTailFirst) {
+  KvCacheManager kv(9, 4);  // 8 usable blocks
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  const std::vector<int32_t> a = Tokens(12, 100);  // 3 full blocks: 1 2 3
+  Serve(kv, 1, a, key);
+  kv.Free(1);  // free list: 4 5 6 7 8, then 3 2 1 (tail first); all three keep their hashes
+  ExpectIntact(kv);
+  EXPECT_EQ(kv.num_cached_blocks(), 3);
+  const PrefixMatch m = kv.Match(a.data(), 12, key);
+  EXPECT_EQ(m.blocks, (Ids{1, 2}));  // the third holds the last token: computed again
+  EXPECT_EQ(m.n_free, 2);
+  // Pressure: another sequence takes 6 blocks: 4-8, then 3 (the chain's tail) is evicted.
+  EXPECT_TRUE(Append(kv, 9, 24));
+  EXPECT_EQ(kv.Table(9).blocks, (Ids{4, 5, 6, 7, 8, 3}));
+  EXPECT_EQ(kv.num_cached_blocks(), 2);
+  kv.Free(9);  // free list: 2 1, then 3 8 7 6 5 4
+  // The chain's head is still cached; its blocks leave the free list from where they are.
+  const PrefixMatch again = Serve(kv, 2, Tokens(9, 100), key);
+  EXPECT_EQ(again.blocks, (Ids{1, 2}));
+  EXPECT_EQ(kv.Table(2).blocks, (Ids{1, 2, 3}));
+  EXPECT_EQ(kv.pool().ref_count(1), 1);
+  EXPECT_EQ(kv.num_free_blocks(), 5);
+}
+
+TEST(PrefixCache, SaltsAndModelsNeverShare) {
+  KvCacheManager kv(17, 4);
+  kv.set_prefix_caching(true);
+  const std::vector<int32_t> a = Tokens(9, 100);
+  Serve(kv, 1, a, PrefixCacheKey("model", "f32", "tenant-a"));
+  EXPECT_EQ(kv.Match(a.data(), 9, PrefixCacheKey("model", "f32", "tenant-a")).n_tokens, 8);
+  EXPECT_EQ(kv.Match(a.data(), 9, PrefixCacheKey("model", "f32", "tenant-b")).n_tokens, 0);
+  EXPECT_EQ(kv.Match(a.data(), 9, PrefixCacheKey("model", "q8_0", "tenant-a")).n_tokens, 0);
+  EXPECT_EQ(kv.Match(a.data(), 9, PrefixCacheKey("other", "f32", "tenant-a")).n_tokens, 0);
+  KvCacheManager off(17, 4);  // --no-prefix-cache
+  Serve(off, 1, a, PrefixCacheKey("model", "f32", ""));
+  EXPECT_EQ(off.Match(a.data(), 9, PrefixCacheKey("model", "f32", "")).n_tokens, 0);
+  EXPECT_EQ(off.num_cached_blocks(), 0);
+}
+
 TEST(KvCacheManager, WatermarkLimitsAdmission) {
   KvCacheManager kv(11, 4, /*watermark_blocks=*/2);  // 10 usable
   EXPECT_TRUE(kv.CanAdmit(8));

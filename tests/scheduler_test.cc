@@ -207,7 +207,9 @@ TEST(Scheduler, AdmissionWaitsForBlocksAndKeepsTheWatermark) {
 
 TEST(Scheduler, PreemptionByRecomputeResumesWithTheSameOutput) {
   FakeRunner runner;
-  Engine e(Config(6, 4, 4, 64), runner);  // 5 usable blocks of 4 positions
+  EngineConfig cfg = Config(6, 4, 4, 64);  // 5 usable blocks of 4 positions
+  cfg.prefix_cache = false;                // a plain recompute from position 0
+  Engine e(cfg, runner);
   Collected a, b;
   Submit(e, Prompt(4, 0), Greedy(12), &a);  // seq 1 grows to 16 positions: 4 blocks
   Submit(e, Prompt(4, 1), Greedy(12), &b);  // seq 2 too: both cannot fit at once
@@ -224,6 +226,23 @@ TEST(Scheduler, PreemptionByRecomputeResumesWithTheSameOutput) {
   }
   EXPECT_TRUE(recomputed);
   EXPECT_EQ(e.kv().num_free_blocks(), 5);
+}
+
+TEST(Scheduler, PrefixCacheSharesPromptsAndShortensRecompute) {
+  FakeRunner runner;
+  Engine e(Config(32, 4, 4, 64), runner);
+  Collected a, b;
+  std::vector<int32_t> shared = Prompt(10, 0);  // 2 full blocks + 2 tokens
+  Submit(e, shared, Greedy(2), &a);
+  RunToEnd(e);
+  // The same prompt again: its two full blocks (8 tokens) are cached; only 2 tokens run.
+  Submit(e, shared, Greedy(2), &b);
+  ASSERT_TRUE(e.Step().ok());
+  EXPECT_EQ(runner.steps.back(), (std::vector<RunRecord>{{2, 8, 2}}));
+  RunToEnd(e);
+  EXPECT_EQ(b.tokens[0], a.tokens[0]);
+  EXPECT_EQ(b.tokens[0], Expected(shared, 2));
+  EXPECT_TRUE(e.kv().VerifyIntegrity().ok());
 }
 
 TEST(Scheduler, CancelFreesBlocksAtOnce) {

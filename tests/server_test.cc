@@ -131,6 +131,28 @@ TEST_F(ServerTest, CompletionGreedyWithUsageAndMetrics) {
   EXPECT_EQ(b2["choices"][0]["text"], text);
 }
 
+TEST_F(ServerTest, PrefixCacheReportsCachedTokensAndRespectsSalt) {
+  Start();
+  std::vector<int32_t> prompt = {1};
+  for (int32_t i = 1; i < 40; ++i) prompt.push_back(10 + i * 7 % 400);
+  const json req = {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}};
+  auto [s1, first] = Call("/v1/completions", req);
+  ASSERT_EQ(s1, 200) << first.dump();
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  auto [s2, second] = Call("/v1/completions", req);
+  ASSERT_EQ(s2, 200);
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"], 32);  // 2 full blocks
+  EXPECT_EQ(second["choices"][0]["text"], first["choices"][0]["text"]);
+  json salted = req;
+  salted["cache_salt"] = "tenant-b";
+  auto [s3, third] = Call("/v1/completions", salted);
+  ASSERT_EQ(s3, 200);
+  EXPECT_EQ(third["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(third["choices"][0]["text"], first["choices"][0]["text"]);
+  EXPECT_EQ(Metric("prefix_cache_queries_total"), 120);
+  EXPECT_EQ(Metric("prefix_cache_hits_total"), 32);
+}
+
 TEST_F(ServerTest, StopStringsNAndLogprobs) {
   Start();
   auto [status, body] = Call("/v1/completions", {{"prompt", "Once upon a time"},

@@ -57,6 +57,8 @@ struct EngineOptions {
   // Baseline for `kvserve bench memory`: reserve n_ctx positions per sequence on admission,
   // as a contiguous cache does, instead of growing block by block.
   bool reserve_full_context = false;
+  // Prefix caching: full KV blocks of repeated prefixes are computed once and shared.
+  bool prefix_cache = true;
 };
 
 struct GenerationOptions {
@@ -74,6 +76,7 @@ struct GenerationOptions {
   uint64_t seed = 0xC0FFEE;
   int32_t logprobs = -1;  // >= 0: each event carries the token's log-probability and this
                           // many most likely alternatives (at most 20)
+  std::string cache_salt;  // requests with different salts never share cached KV
   bool ignore_eos = false;           // else the model's end-of-generation tokens stop a choice
   std::vector<int32_t> stop_tokens;  // more tokens that stop a choice
 };
@@ -93,6 +96,7 @@ struct TokenEvent {
     float logprob;
   };
   std::vector<Alternative> top_logprobs;
+  int32_t cached_tokens = 0;  // prompt tokens of this request served from the prefix cache
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -105,6 +109,8 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t tokens_computed = 0;
   int64_t preemptions = 0;
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;     // prompt tokens found cached
 };
 
 class Engine {

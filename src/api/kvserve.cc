@@ -78,8 +78,17 @@ int64_t AvailableRamBytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
 }
 
+// What a cached block's KV depends on besides its tokens: the model's weights and the KV types.
+std::string ModelFingerprint(const kvs::Model& m) {
+  const kvs::ModelConfig& c = m.config();
+  return kvs::StrFormat("%s|%d|%d|%d|%d|%zu", c.name.c_str(), c.n_vocab, c.n_layer, c.n_embd,
+                        c.n_head_kv, m.WeightBytesPerToken());
+}
+
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model) {
   kvs::RequestOptions r;
+  r.cache_key = kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), "k:f32,v:f32",
+                                    g.cache_salt);
   r.max_tokens = g.max_tokens;
   r.n = g.n;
   r.priority = g.priority;
@@ -161,6 +170,7 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   ec.block_size = o.block_size;
   ec.n_blocks = static_cast<int32_t>(n_blocks);
   ec.reserve_full_context = o.reserve_full_context;
+  ec.prefix_cache = o.prefix_cache;
   if (auto st = ec.Validate(); !st.ok()) {
     *error = st.message();
     return nullptr;
@@ -188,6 +198,7 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     if (e.finished) out.finish_reason = kvs::FinishReasonName(e.reason);
     out.error = e.error;
     out.logprob = e.logprob;
+    out.cached_tokens = e.cached_tokens;
     for (const kvs::TokenLogprob& alt : e.top_logprobs) {
       out.top_logprobs.push_back({alt.token, tok->TokenToPiece(alt.token, true), alt.logprob});
     }
@@ -221,6 +232,8 @@ EngineStats Engine::stats() const {
   s.steps = load.steps;
   s.tokens_computed = load.tokens_computed;
   s.preemptions = load.preemptions;
+  s.prefix_cache_queries = load.prefix_queries;
+  s.prefix_cache_hits = load.prefix_hits;
   return s;
 }
 

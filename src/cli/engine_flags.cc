@@ -39,6 +39,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "Tokens computed per step: prompt chunks and decodes together")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
+  cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
+                "Do not share the KV of repeated prompt prefixes between requests");
   cmd->add_option("-t,--threads", o.threads, "Threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

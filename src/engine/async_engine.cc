@@ -92,6 +92,10 @@ void AsyncEngine::Loop() {
     ++load_.steps;
     load_.tokens_computed += stats.n_tokens;
     load_.preemptions += stats.n_preempted;
+    if (stats.n_tokens > 0) {  // an idle step reports no totals
+      load_.prefix_queries = stats.prefix_queries;
+      load_.prefix_hits = stats.prefix_hits;
+    }
   }
 }
 

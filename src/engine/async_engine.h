@@ -24,6 +24,8 @@ struct EngineLoad {
   int64_t steps = 0;
   int64_t tokens_computed = 0;
   int64_t preemptions = 0;
+  int64_t prefix_queries = 0;
+  int64_t prefix_hits = 0;
 };
 
 class AsyncEngine {

@@ -46,6 +46,7 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner)
                                  config.reserve_full_context ? config.n_ctx : 0},
                  kv_) {
   KVS_CHECK(config.Validate().ok());
+  kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
 }
 
 Status Engine::ValidateRequest(const std::vector<int32_t>& prompt,
@@ -94,6 +95,7 @@ Sequence* Engine::NewSequence(RequestId request, int32_t choice, const RequestOp
   seq->request = request;
   seq->choice = choice;
   seq->priority = options.priority;
+  seq->cache_key = options.cache_key;
   SamplingParams sampling = options.sampling;
   sampling.seed += static_cast<uint64_t>(choice);
   seq->sampler = std::make_unique<Sampler>(sampling, runner_.n_vocab());
@@ -172,6 +174,7 @@ void Engine::Fork(Sequence* parent) {
     child->tokens = parent->tokens;
     child->n_prompt = parent->n_prompt;
     child->n_computed = parent->n_computed;
+    child->cached_tokens = parent->cached_tokens;
     KVS_CHECK(kv_.Fork(parent->id, child->id).ok());
     scheduler_.AddRunning(child);
   }
@@ -202,6 +205,7 @@ void Engine::SampleAndEmit(Sequence* seq, const float* logits) {
   const RequestOptions& o = requests_.at(seq->request).options;
   const int32_t token = seq->sampler->Sample(logits, seq->tokens);
   TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
+  event.cached_tokens = std::max(0, seq->cached_tokens);
   if (o.logprobs >= 0) FillLogprobs(logits, runner_.n_vocab(), token, o.logprobs, &event);
   seq->tokens.push_back(token);
   FinishReason reason = FinishReason::kNone;
@@ -247,6 +251,7 @@ Status Engine::Step(EngineStepStats* stats) {
     Sequence* seq = r.seq;
     const bool samples = RunSamples(r);
     seq->n_computed += r.n_tokens;
+    kv_.CommitFullBlocks(seq->id, seq->tokens.data(), seq->n_computed, seq->cache_key);
     if (!samples) continue;
     const float* logits = logits_.data() + static_cast<size_t>(row++) * runner_.n_vocab();
     std::vector<Sequence*> choices{seq};
@@ -264,6 +269,8 @@ Status Engine::Step(EngineStepStats* stats) {
     KVS_CHECK_MSG(integrity.ok(), integrity.message().c_str());
   }
   if (stats) {
+    stats->prefix_queries = scheduler_.prefix_queries();
+    stats->prefix_hits = scheduler_.prefix_hits();
     stats->n_running = static_cast<int32_t>(scheduler_.running().size());
     stats->n_waiting = static_cast<int32_t>(scheduler_.waiting().size());
     for (const Sequence* s : scheduler_.running()) {

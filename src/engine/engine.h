@@ -27,6 +27,7 @@ struct EngineConfig {
   int32_t watermark_blocks = -1;   // -1: 1% of the pool
   bool reserve_full_context = false;  // the contiguous baseline: admission reserves n_ctx
   bool verify_each_step = false;      // KvCacheManager::VerifyIntegrity after every step
+  bool prefix_cache = true;           // share cached full blocks of repeated prefixes
 
   Status Validate() const;
 };
@@ -38,6 +39,8 @@ struct EngineStepStats {
   int32_t n_preempted = 0;
   int64_t used_positions = 0;      // positions holding K/V, over running sequences
   int64_t reserved_positions = 0;  // positions of the blocks in use
+  int64_t prefix_queries = 0;      // totals so far: prompt tokens looked up in the prefix cache
+  int64_t prefix_hits = 0;         // and found there
 };
 
 class Engine {

@@ -24,6 +24,7 @@ struct RequestOptions {
   std::vector<int32_t> stop_ids;
   int32_t n = 1;         // choices, forked from one prefill; choice i samples with seed + i
   int32_t priority = 0;  // higher runs first; first come, first served within a priority
+  BlockHash cache_key;  // prefix-cache extra key: model, KV types, cache_salt (PrefixCacheKey)
   int32_t logprobs = -1;  // >= 0: report the chosen token's log-probability and this many
                           // most likely alternatives (of the model's distribution, before
                           // sampling's penalties and temperature)
@@ -45,6 +46,7 @@ struct TokenEvent {
   std::string error;  // for kError
   float logprob = 0;  // when RequestOptions::logprobs >= 0
   std::vector<TokenLogprob> top_logprobs;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -65,6 +67,8 @@ struct Sequence {
   int32_t n_prompt = 0;
   int32_t n_computed = 0;  // positions whose K/V is in the cache
   int32_t n_preemptions = 0;
+  BlockHash cache_key;
+  int32_t cached_tokens = -1;  // prefix-cache hit at first admission (-1: not admitted yet)
   std::unique_ptr<Sampler> sampler;
 
   int32_t n_output() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }

@@ -105,10 +105,18 @@ SchedulePlan Scheduler::Plan() const {
     int32_t seats = running_seats();
     for (Sequence* seq : waiting_) {
       if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
-      const int32_t n = std::min(seq->n_pending(), budget);
-      const int32_t need = AdmissionBlocks(*seq, n);
+      // The cached prefix is shared, not computed: only the rest is prefilled.
+      PrefixMatch prefix = kv_.Match(seq->tokens.data(), static_cast<int32_t>(seq->tokens.size()),
+                                     seq->cache_key);
+      const int32_t n = std::min(seq->n_pending() - prefix.n_tokens, budget);
+      const int32_t need =
+          prefix.blocks.empty()
+              ? AdmissionBlocks(*seq, n)
+              : kv_.BlocksFor(prefix.n_tokens + n) - static_cast<int32_t>(prefix.blocks.size()) +
+                    prefix.n_free;
       if (free - need < kv_.watermark_blocks()) break;
       plan.admit.push_back(seq);
+      plan.admit_prefix.push_back(std::move(prefix));
       plan.runs.push_back({seq, n});
       free -= need;
       budget -= n;
@@ -127,9 +135,22 @@ void Scheduler::Apply(const SchedulePlan& plan, std::vector<BlockCopy>* copies) 
     ++seq->n_preemptions;
     AddWaiting(seq);
   }
-  for (Sequence* seq : plan.admit) {
+  // Cached prefixes are taken before anything is allocated, so no allocation of this step can
+  // evict a block an admission was planned to share.
+  for (size_t i = 0; i < plan.admit.size(); ++i) {
+    Sequence* seq = plan.admit[i];
+    const PrefixMatch& prefix = plan.admit_prefix[i];
     Erase(waiting_, seq);
     AddRunning(seq);
+    if (kv_.prefix_caching()) {
+      prefix_queries_ += static_cast<int64_t>(seq->tokens.size());
+      prefix_hits_ += prefix.n_tokens;
+    }
+    if (!prefix.blocks.empty()) {
+      kv_.AdoptPrefix(seq->id, prefix);
+      seq->n_computed = prefix.n_tokens;
+    }
+    if (seq->cached_tokens < 0) seq->cached_tokens = prefix.n_tokens;
     if (config_.reserve_positions > 0) KVS_CHECK(kv_.Reserve(seq->id, config_.reserve_positions));
   }
   for (const ScheduledRun& r : plan.runs) {

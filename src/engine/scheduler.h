@@ -34,6 +34,7 @@ struct SchedulePlan {
   std::vector<ScheduledRun> runs;  // decodes first, then prefill chunks, then admissions
   std::vector<Sequence*> preempt;
   std::vector<Sequence*> admit;
+  std::vector<PrefixMatch> admit_prefix;  // per admitted sequence: its cached prefix
   int32_t n_tokens = 0;
   bool empty() const { return runs.empty() && preempt.empty(); }
 };
@@ -53,6 +54,8 @@ class Scheduler {
   // Preempts, admits and allocates; block copies (copy-on-write) are appended to *copies.
   void Apply(const SchedulePlan& plan, std::vector<BlockCopy>* copies);
 
+  int64_t prefix_queries() const { return prefix_queries_; }  // prompt tokens looked up
+  int64_t prefix_hits() const { return prefix_hits_; }        // of which found cached
   const std::vector<Sequence*>& running() const { return running_; }
   const std::vector<Sequence*>& waiting() const { return waiting_; }
   int32_t running_seats() const;
@@ -64,6 +67,7 @@ class Scheduler {
   SchedulerConfig config_;
   std::vector<Sequence*> running_;  // in queue order: priority high to low, then arrival
   std::vector<Sequence*> waiting_;  // same order
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };
 
 // Queue order: higher priority first, then earlier arrival, then choice.

@@ -57,6 +57,13 @@ Status BlockPool::Ref(int32_t id) {
   return Status::Ok();
 }
 
+Status BlockPool::Acquire(int32_t id) {
+  if (!InRange(id)) return Status::Error(StrFormat("block %d is not a pool block", id));
+  if (blocks_[id].ref_count == 0) Remove(id);
+  ++blocks_[id].ref_count;
+  return Status::Ok();
+}
+
 Status BlockPool::Free(std::span<const int32_t> ids) {
   // Check everything first so that a bad list changes nothing.
   for (int32_t id : ids) {

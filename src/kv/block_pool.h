@@ -29,6 +29,9 @@ class BlockPool {
 
   // Another holder of a block in use (a forked sequence sharing it).
   Status Ref(int32_t id);
+  // A prefix-cache hit: takes a reference whether the block is in use or free (then it leaves
+  // the free list from wherever it is, O(1)).
+  Status Acquire(int32_t id);
 
   // Drops one reference from each block, in order; a block whose count reaches zero joins the
   // tail of the free list, so the blocks freed last are reused last.

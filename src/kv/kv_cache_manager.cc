@@ -1,6 +1,9 @@
 #include "kv/kv_cache_manager.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "core/check.h"
 
@@ -9,8 +12,34 @@ namespace {
 const BlockTable kEmptyTable;
 }  // namespace
 
+BlockHash PrefixCacheKey(std::string_view model_fingerprint, std::string_view kv_types,
+                         std::string_view cache_salt) {
+  std::string text;
+  for (std::string_view part : {model_fingerprint, kv_types, cache_salt}) {
+    text += std::to_string(part.size()) + ":";  // length-prefixed: no two splits collide
+    text += part;
+  }
+  const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
+  return BlockHash{h.low64, h.high64};
+}
+
+BlockHash KvCacheManager::ChainHash(const BlockHash& parent, const BlockHash& key,
+                                    const int32_t* tokens) const {
+  // hash(parent hash, extra key, the block's token ids)
+  std::vector<unsigned char> buf(32 + sizeof(int32_t) * static_cast<size_t>(block_size_));
+  std::memcpy(buf.data(), &parent, 16);
+  std::memcpy(buf.data() + 16, &key, 16);
+  std::memcpy(buf.data() + 32, tokens, sizeof(int32_t) * static_cast<size_t>(block_size_));
+  const XXH128_hash_t h = XXH3_128bits(buf.data(), buf.size());
+  return BlockHash{h.low64, h.high64};
+}
+
 KvCacheManager::KvCacheManager(int32_t n_blocks, int32_t block_size, int32_t watermark_blocks)
-    : pool_(n_blocks), block_size_(block_size), watermark_(watermark_blocks) {
+    : pool_(n_blocks),
+      block_size_(block_size),
+      watermark_(watermark_blocks),
+      block_hash_(static_cast<size_t>(n_blocks)),
+      block_cached_(static_cast<size_t>(n_blocks), false) {
   KVS_CHECK(block_size > 0 && watermark_blocks >= 0);
 }
 
@@ -39,6 +68,67 @@ int32_t KvCacheManager::BlocksFreedBy(SeqId seq) const {
   return n;
 }
 
+bool KvCacheManager::AllocateBlocks(int32_t n, std::vector<int32_t>* out) {
+  const size_t first = out->size();
+  if (!pool_.Allocate(n, out)) return false;
+  for (size_t i = first; i < out->size(); ++i) {
+    const int32_t id = (*out)[i];
+    if (block_cached_[id]) {  // the least recently used cached block is the one reused
+      cached_.erase(block_hash_[id]);
+      block_cached_[id] = false;
+    }
+  }
+  return true;
+}
+
+PrefixMatch KvCacheManager::Match(const int32_t* tokens, int32_t n, const BlockHash& key) const {
+  PrefixMatch m;
+  if (!prefix_caching_) return m;
+  BlockHash parent;
+  for (int32_t start = 0; start + block_size_ <= n - 1; start += block_size_) {
+    const BlockHash h = ChainHash(parent, key, tokens + start);
+    auto it = cached_.find(h);
+    if (it == cached_.end()) break;
+    m.blocks.push_back(it->second);
+    m.hashes.push_back(h);
+    m.n_free += pool_.ref_count(it->second) == 0 ? 1 : 0;
+    m.n_tokens += block_size_;
+    parent = h;
+  }
+  return m;
+}
+
+void KvCacheManager::AdoptPrefix(SeqId seq, const PrefixMatch& match) {
+  KVS_CHECK(!tables_.contains(seq));
+  BlockTable& t = tables_[seq];
+  for (int32_t id : match.blocks) KVS_CHECK(pool_.Acquire(id).ok());
+  t.blocks = match.blocks;
+  t.hashes = match.hashes;
+  t.num_tokens = match.n_tokens;
+}
+
+void KvCacheManager::CommitFullBlocks(SeqId seq, const int32_t* tokens, int32_t n_computed,
+                                      const BlockHash& key) {
+  if (!prefix_caching_) return;
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  BlockTable& t = it->second;
+  const size_t full = static_cast<size_t>(std::min(n_computed, t.num_tokens) / block_size_);
+  while (t.hashes.size() < full) {
+    const size_t i = t.hashes.size();
+    const BlockHash parent = i == 0 ? BlockHash{} : t.hashes[i - 1];
+    const BlockHash h = ChainHash(parent, key, tokens + i * block_size_);
+    t.hashes.push_back(h);
+    const int32_t id = t.blocks[i];
+    // The first block computed for a hash is the cached one; a duplicate stays private.
+    if (!block_cached_[id] && !cached_.contains(h)) {
+      cached_.emplace(h, id);
+      block_hash_[id] = h;
+      block_cached_[id] = true;
+    }
+  }
+}
+
 bool KvCacheManager::Append(SeqId seq, int32_t n_new, std::vector<BlockCopy>* copies) {
   KVS_CHECK(n_new >= 0);
   if (n_new == 0) {
@@ -47,7 +137,7 @@ bool KvCacheManager::Append(SeqId seq, int32_t n_new, std::vector<BlockCopy>* co
   }
   const int32_t need = BlocksToAppend(seq, n_new);
   std::vector<int32_t> fresh;
-  if (!pool_.Allocate(need, &fresh)) return false;
+  if (!AllocateBlocks(need, &fresh)) return false;
   BlockTable& t = tables_[seq];
   size_t next = 0;
   if (LastBlockNeedsCopy(t)) {
@@ -66,7 +156,7 @@ bool KvCacheManager::Reserve(SeqId seq, int32_t n_positions) {
   const BlockTable& t = Table(seq);
   const int32_t need = std::max(0, BlocksFor(n_positions) - static_cast<int32_t>(t.blocks.size()));
   std::vector<int32_t> fresh;
-  if (!pool_.Allocate(need, &fresh)) return false;
+  if (!AllocateBlocks(need, &fresh)) return false;
   BlockTable& mt = tables_[seq];
   mt.blocks.insert(mt.blocks.end(), fresh.begin(), fresh.end());
   return true;
@@ -116,6 +206,17 @@ Status KvCacheManager::VerifyIntegrity() const {
       }
       ++holders[id];
     }
+  }
+  for (const auto& [hash, id] : cached_) {
+    if (id <= kNullBlock || id >= pool_.num_blocks() || !block_cached_[id] ||
+        !(block_hash_[id] == hash)) {
+      return Status::Error(StrFormat("prefix index entry for block %d disagrees with the block", id));
+    }
+  }
+  int64_t marked = 0;
+  for (bool c : block_cached_) marked += c ? 1 : 0;
+  if (marked != static_cast<int64_t>(cached_.size())) {
+    return Status::Error("blocks marked cached differ from the prefix index");
   }
   for (int32_t id = 1; id < pool_.num_blocks(); ++id) {
     if (holders[id] != pool_.ref_count(id)) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -15,9 +16,31 @@ namespace kvs {
 
 using SeqId = int64_t;
 
+// 128-bit block hash (XXH3-128) of the prefix cache's chain.
+struct BlockHash {
+  uint64_t lo = 0, hi = 0;
+  bool operator==(const BlockHash&) const = default;
+};
+struct BlockHashHasher {
+  size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
+};
+// The extra key every block hash of a request covers: model, KV types, the request's salt.
+BlockHash PrefixCacheKey(std::string_view model_fingerprint, std::string_view kv_types,
+                         std::string_view cache_salt);
+
 struct BlockTable {
   std::vector<int32_t> blocks;  // logical block i -> physical block id
   int32_t num_tokens = 0;       // positions with a slot (KV written, or written this step)
+  std::vector<BlockHash> hashes;  // chain hashes of its first full, computed blocks
+};
+
+// The longest cached prefix of a token sequence: whole blocks, never the last token (whose
+// logits are needed).
+struct PrefixMatch {
+  std::vector<int32_t> blocks;
+  std::vector<BlockHash> hashes;
+  int32_t n_tokens = 0;
+  int32_t n_free = 0;  // of those blocks, how many sit in the free list (taking them uses it)
 };
 
 // The runner copies block src to block dst (all layers) before the step's forward pass.
@@ -72,16 +95,34 @@ class KvCacheManager {
   // its head (which is the part another request is most likely to share, issue #6).
   void Free(SeqId seq);
 
-  // The pool's invariants, and every block's refcount equals the number of tables holding it.
+  // --- Prefix cache (full blocks, hash chain; freed blocks keep their hash until reused).
+  void set_prefix_caching(bool on) { prefix_caching_ = on; }
+  bool prefix_caching() const { return prefix_caching_; }
+  PrefixMatch Match(const int32_t* tokens, int32_t n, const BlockHash& key) const;
+  // Starts a new sequence on a match: its blocks gain a reference, positions are its tokens.
+  void AdoptPrefix(SeqId seq, const PrefixMatch& match);
+  // Registers the sequence's newly full blocks of computed positions [0, n_computed).
+  void CommitFullBlocks(SeqId seq, const int32_t* tokens, int32_t n_computed, const BlockHash& key);
+  int32_t num_cached_blocks() const { return static_cast<int32_t>(cached_.size()); }
+
+  // The pool's invariants, every block's refcount equals the number of tables holding it, and
+  // the prefix index and the blocks' hashes agree.
   Status VerifyIntegrity() const;
 
  private:
   bool LastBlockNeedsCopy(const BlockTable& t) const;
+  // Takes n blocks, dropping the cached hashes of those that were cached (LRU eviction).
+  bool AllocateBlocks(int32_t n, std::vector<int32_t>* out);
+  BlockHash ChainHash(const BlockHash& parent, const BlockHash& key, const int32_t* tokens) const;
 
   BlockPool pool_;
   int32_t block_size_;
   int32_t watermark_;
   std::unordered_map<SeqId, BlockTable> tables_;
+  bool prefix_caching_ = false;
+  std::vector<BlockHash> block_hash_;  // per block: its hash while it is in cached_
+  std::vector<bool> block_cached_;
+  std::unordered_map<BlockHash, int32_t, BlockHashHasher> cached_;
 };
 
 }  // namespace kvs

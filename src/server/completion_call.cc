@@ -1,5 +1,6 @@
 #include "server/completion_call.h"
 
+#include <algorithm>
 #include <ctime>
 
 namespace kvs::server {
@@ -31,6 +32,7 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
   if (e.choice < 0 || e.choice >= static_cast<int32_t>(choices_.size())) return;
   Choice& c = choices_[e.choice];
   const auto now = Clock::now();
+  cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
   if (e.token >= 0) {
     if (ttft_s_ < 0) {
       ttft_s_ = std::chrono::duration<double>(now - start_).count();
@@ -134,8 +136,7 @@ nlohmann::json CompletionCall::Usage() const {
   return {{"prompt_tokens", prompt_tokens_},
           {"completion_tokens", completion},
           {"total_tokens", prompt_tokens_ + completion},
-          // Prefix caching (issue #6) is not built yet: nothing is served from a cache.
-          {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
 }
 
 std::string CompletionCall::ChunkJson(const Piece& p) {

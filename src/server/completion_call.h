@@ -87,6 +87,7 @@ class CompletionCall {
   std::function<void(uint64_t)> cancel_;
   bool cancel_sent_ = false;
   double ttft_s_ = -1;
+  int32_t cached_tokens_ = 0;
   Clock::time_point last_token_;
   bool finished_ = false;  // response written
 };

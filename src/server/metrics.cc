@@ -80,6 +80,10 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
   gauge("request_success_total", "counter", "Requests answered.", static_cast<double>(requests_ok_));
   gauge("request_failure_total", "counter", "Requests that failed or were cancelled.",
         static_cast<double>(requests_failed_));
+  gauge("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+        static_cast<double>(s.prefix_cache_queries));
+  gauge("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+        static_cast<double>(s.prefix_cache_hits));
   gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
   gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
   ttft_.Render("kvserve:time_to_first_token_seconds", "Time to first token.", &out);

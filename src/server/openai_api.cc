@@ -147,6 +147,10 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
   if (auto e = Number(body, "seed", -9.2e18, 9.2e18, &seed)) return e;
   if (body.contains("seed") && !body["seed"].is_null()) g.seed = static_cast<uint64_t>(seed);
   if (auto e = Bool(body, "stream", &out->stream)) return e;
+  if (auto it = body.find("cache_salt"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return Bad("cache_salt", "'cache_salt' must be a string");
+    g.cache_salt = *it;
+  }
   if (auto e = Bool(body, "ignore_eos", &g.ignore_eos)) return e;
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
