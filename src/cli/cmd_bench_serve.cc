@@ -35,6 +35,14 @@ struct ServeBenchArgs {
   double sigma = 0;  // > 0: log-normal lengths around the two medians
   uint64_t seed = 42;
   bool json = false;
+  // random: independent prompts (no reuse). shared-prefix: one --prefix-tokens system prompt,
+  // then --requests different questions of --prompt-tokens; the first runs alone (cold), the
+  // rest after it (warm). multi-turn: --conversations chats of --turns turns, each turn
+  // resending the whole history as text plus a new user turn of --prompt-tokens words.
+  std::string workload = "random";
+  int32_t prefix_tokens = 2000;
+  int32_t conversations = 8;
+  int32_t turns = 6;
 };
 
 struct Outcome {
@@ -42,6 +50,7 @@ struct Outcome {
   std::string error;
   int32_t prompt_tokens = 0;
   int32_t output_tokens = 0;
+  std::string text;  // what was streamed
   double ttft = 0, e2e = 0;
   std::vector<double> gaps;  // between content chunks
 };
@@ -55,10 +64,10 @@ double Percentile(std::vector<double> v, double p) {
   return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
 }
 
-Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vector<int32_t>& prompt,
+Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const nlohmann::json& prompt,
                int32_t max_tokens) {
   Outcome o;
-  o.prompt_tokens = static_cast<int32_t>(prompt.size());
+  o.prompt_tokens = prompt.is_array() ? static_cast<int32_t>(prompt.size()) : 0;
   httplib::Client client(a.url);
   client.set_read_timeout(600, 0);
   client.set_connection_timeout(10, 0);
@@ -68,8 +77,8 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vec
                          {"temperature", 0},          {"stream", true},
                          {"ignore_eos", true},        {"stream_options", {{"include_usage", true}}},
                          // llama-server reuses a slot's KV for a repeated prompt unless told
-                         // not to; every request here must be computed (kvserve ignores it).
-                         {"cache_prompt", false}};
+                         // not to: only the workloads made of repeated prefixes allow it.
+                         {"cache_prompt", a.workload != "random"}};
   if (!model.empty()) body["model"] = model;
   const auto t0 = Clock::now();
   auto last = t0;
@@ -100,6 +109,9 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vec
       if (chunk.contains("usage") && chunk.at("usage").is_object() &&
           chunk.at("usage").contains("completion_tokens")) {
         usage_tokens = chunk.at("usage").at("completion_tokens").get<int32_t>();
+        if (chunk.at("usage").contains("prompt_tokens")) {
+          o.prompt_tokens = chunk.at("usage").at("prompt_tokens").get<int32_t>();
+        }
       }
       if (!chunk.contains("choices") || !chunk.at("choices").is_array() ||
           chunk.at("choices").empty()) {
@@ -110,6 +122,7 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const std::vec
           choice.at("text").get<std::string>().empty()) {
         continue;
       }
+      o.text += choice.at("text").get<std::string>();
       const auto now = Clock::now();
       if (chunks++ == 0) {
         o.ttft = std::chrono::duration<double>(now - t0).count();
@@ -170,26 +183,58 @@ int RunServeBench(const ServeBenchArgs& a) {
   std::lognormal_distribution<double> factor(0.0, a.sigma > 0 ? a.sigma : 1e-9);
   std::exponential_distribution<double> gap(a.rate > 0 ? a.rate : 1.0);
   struct Job {
-    std::vector<int32_t> prompt;
+    nlohmann::json prompt;  // token ids, or text
     int32_t max_tokens;
     double start;  // seconds after the beginning
   };
   std::vector<Job> jobs;
   double t = 0;
-  for (int32_t i = 0; i < a.requests; ++i) {
+  std::vector<int32_t> prefix(a.workload == "shared-prefix" ? a.prefix_tokens : 0);
+  for (int32_t& id : prefix) id = token(rng);
+  for (int32_t i = 0; i < a.requests && a.workload != "multi-turn"; ++i) {
     const int32_t p = std::max<int32_t>(1, std::lround(a.prompt_tokens * (a.sigma > 0 ? factor(rng) : 1)));
     const int32_t g = std::max<int32_t>(1, std::lround(a.gen_tokens * (a.sigma > 0 ? factor(rng) : 1)));
-    Job job{std::vector<int32_t>(p), g, t};
-    for (int32_t& id : job.prompt) id = token(rng);
+    std::vector<int32_t> ids = prefix;
+    for (int32_t k = 0; k < p; ++k) ids.push_back(token(rng));
+    jobs.push_back(Job{ids, g, t});
     if (a.rate > 0) t += gap(rng);
-    jobs.push_back(std::move(job));
   }
 
   std::vector<Outcome> outcomes(jobs.size());
   std::atomic<size_t> next{0};
+  Outcome cold;
+  if (a.workload == "shared-prefix" && !jobs.empty()) {
+    cold = RunOne(a, model, jobs[0].prompt, jobs[0].max_tokens);  // computes the shared prefix
+    next = 1;
+  }
   const auto t0 = Clock::now();
   std::vector<std::thread> workers;
-  for (int32_t w = 0; w < std::min<int32_t>(a.concurrency, a.requests); ++w) {
+  std::mutex turns_mu;
+  if (a.workload == "multi-turn") {
+    // One thread per conversation, its turns in order, each resending the history.
+    static const char* kWords[] = {"the", "little", "cat", "saw", "a", "big", "tree", "and",
+                                   "ran", "to", "her", "friend", "who", "was", "happy", "day",
+                                   "sun", "park", "ball", "played", "with", "dog", "went", "home"};
+    for (int32_t c = 0; c < a.conversations; ++c) {
+      std::vector<std::string> users;
+      for (int32_t turn = 0; turn < a.turns; ++turn) {
+        std::string u;
+        for (int32_t k = 0; k < a.prompt_tokens; ++k) u += std::string(k ? " " : "") + kWords[rng() % 24];
+        users.push_back(u);
+      }
+      workers.emplace_back([&, users] {
+        std::string history;
+        for (const std::string& u : users) {
+          history += "User: " + u + "\nAssistant:";
+          Outcome o = RunOne(a, model, history, a.gen_tokens);
+          history += o.text + "\n";
+          std::lock_guard<std::mutex> lock(turns_mu);
+          outcomes.push_back(std::move(o));
+        }
+      });
+    }
+  }
+  for (int32_t w = 0; w < std::min<int32_t>(a.concurrency, a.requests) && a.workload != "multi-turn"; ++w) {
     workers.emplace_back([&] {
       for (size_t i; (i = next++) < jobs.size();) {
         const auto due = t0 + std::chrono::duration_cast<Clock::duration>(
@@ -201,6 +246,7 @@ int RunServeBench(const ServeBenchArgs& a) {
   }
   for (auto& w : workers) w.join();
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (a.workload == "shared-prefix" && !outcomes.empty()) outcomes.erase(outcomes.begin());
 
   std::vector<double> ttft, tpot, itl, e2e;
   int64_t out_tokens = 0, in_tokens = 0;
@@ -242,12 +288,24 @@ int RunServeBench(const ServeBenchArgs& a) {
                       {"itl_ms", pct(itl)},
                       {"e2e_ms", pct(e2e)}};
   if (!first_error.empty()) j["first_error"] = first_error;
+  j["workload"] = a.workload;
+  if (a.workload == "shared-prefix") {
+    j["prefix_tokens"] = a.prefix_tokens;
+    j["ttft_cold_ms"] = cold.ok ? cold.ttft * 1e3 : -1.0;
+    j["cold_over_warm_ttft"] = cold.ok && !ttft.empty() ? cold.ttft * 1e3 / Percentile(ttft, 50) : 0.0;
+    if (!cold.ok) ++errors;
+  }
+  if (a.workload == "multi-turn") {
+    j["conversations"] = a.conversations;
+    j["turns"] = a.turns;
+    j["requests"] = a.conversations * a.turns;
+  }
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s: %d requests (%d prompt + %d generated tokens%s), concurrency %d%s: %.2f s, "
                 "%d errors\n",
-                a.url.c_str(), a.requests, a.prompt_tokens, a.gen_tokens,
+                a.url.c_str(), j["requests"].get<int32_t>(), a.prompt_tokens, a.gen_tokens,
                 a.sigma > 0 ? ", log-normal" : "", a.concurrency,
                 a.rate > 0 ? (", Poisson " + std::to_string(a.rate) + " req/s").c_str() : "", wall,
                 errors);
@@ -258,6 +316,11 @@ int RunServeBench(const ServeBenchArgs& a) {
                   j[k]["p50"].get<double>(), j[k]["p90"].get<double>(), j[k]["p99"].get<double>());
     }
     if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
+    if (a.workload == "shared-prefix") {
+      std::printf("shared prefix of %d tokens: cold TTFT %.1f ms, warm TTFT p50 %.1f ms (%.1fx)\n",
+                  a.prefix_tokens, j["ttft_cold_ms"].get<double>(), j["ttft_ms"]["p50"].get<double>(),
+                  j["cold_over_warm_ttft"].get<double>());
+    }
   }
   return errors == 0 ? 0 : 3;
 }
@@ -290,6 +353,20 @@ Runner AddServeBenchCommand(CLI::App* bench) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3.0));
   cmd->add_option("-s,--seed", a->seed, "Workload seed")->capture_default_str();
+  cmd->add_option("--workload", a->workload,
+                  "random | shared-prefix (one --prefix-tokens prompt, then --requests questions) | "
+                  "multi-turn (--conversations x --turns, history resent as text)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"random", "shared-prefix", "multi-turn"}));
+  cmd->add_option("--prefix-tokens", a->prefix_tokens, "Shared prefix length (shared-prefix)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--conversations", a->conversations, "Chats at once (multi-turn)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--turns", a->turns, "Turns per chat (multi-turn)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", a->json, "Print one JSON object");
   return [a, cmd]() -> int { return cmd->parsed() ? RunServeBench(*a) : -1; };
 }

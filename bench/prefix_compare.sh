@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Prefix caching through the server, kvserve with the cache on and off next to llama-server
+# (cache_prompt on, -np 16), same model, same load generator (`kvserve bench serve`):
+#   (a) shared-prefix: a PREFIX-token shared system prompt (random ids), then 32 different
+#       32-token questions, 32 generated tokens each; the first request alone (cold), the
+#       other 31 at concurrency 4 (warm).
+#   (b) multi-turn: 8 conversations of 6 turns at once, each turn resending the whole history
+#       (text) plus a 32-word user turn, 48 generated tokens per turn.
+#   usage: bench/prefix_compare.sh MODEL.gguf [PREFIX=2000]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $# -ge 1 ]] || { echo "usage: $0 MODEL.gguf [PREFIX]" >&2; exit 2; }
+MODEL=$1 PREFIX=${2:-2000}
+THREADS=${THREADS:-2} NP=16 CTX=2560
+PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
+TMP=$(mktemp -d)
+SERVER=
+cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ready() {
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+    kill -0 "$SERVER" 2>/dev/null || { echo "server died" >&2; return 1; }
+    sleep 0.2
+  done
+  return 1
+}
+load() {  # $1 label, $2 port
+  build/kvserve bench serve --url "http://127.0.0.1:$2" --workload shared-prefix --prefix-tokens "$PREFIX" \
+    --requests 32 --concurrency 4 --prompt-tokens 32 --gen-tokens 32 --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/r.jsonl"
+  build/kvserve bench serve --url "http://127.0.0.1:$2" --workload multi-turn --conversations 8 --turns 6 \
+    --prompt-tokens 32 --gen-tokens 48 --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/r.jsonl"
+}
+for mode in on off; do
+  PORT=$(free_port)
+  flags=(); [ $mode = off ] && flags=(--no-prefix-cache)
+  build/kvserve serve -m "$MODEL" --port "$PORT" -np $NP -c $CTX -t "$THREADS" "${flags[@]}" 2>"$TMP/kvserve.log" &
+  SERVER=$!; wait_ready "$PORT"; load "kvserve-cache-$mode" "$PORT"
+  kill -TERM "$SERVER"; wait "$SERVER" || true; SERVER=
+done
+PORT=$(free_port)
+LD_LIBRARY_PATH="$PEER:${LD_LIBRARY_PATH:-}" "$PEER/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$PORT" \
+  -np $NP -c $((NP * CTX)) -t "$THREADS" -b 2048 -ub 512 >"$TMP/llama.log" 2>&1 &
+SERVER=$!; wait_ready "$PORT"; load llama-server "$PORT"
+kill -TERM "$SERVER"; wait "$SERVER" || true; SERVER=
+python3 - "$TMP/r.jsonl" "$(basename "$MODEL" .gguf)" "$PREFIX" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(f"model {sys.argv[2]}\n\n(a) shared prefix of {sys.argv[3]} tokens, 32 questions of 32 tokens, 32 generated\n")
+print("| engine | errors | cold TTFT ms | warm TTFT p50 ms | warm TTFT p99 ms | cold / warm | output t/s (warm phase) |")
+print("|---|---|---|---|---|---|---|")
+for r in rows:
+    if r["workload"] == "shared-prefix":
+        print(f"| {r['engine']} | {r['errors']} | {r['ttft_cold_ms']:.0f} | {r['ttft_ms']['p50']:.0f} | {r['ttft_ms']['p99']:.0f} | "
+              f"{r['cold_over_warm_ttft']:.1f}x | {r['output_tps']:.1f} |")
+print("\n(b) multi-turn: 8 conversations x 6 turns, history resent each turn, 48 generated per turn\n")
+print("| engine | errors | requests | wall s | output t/s | total t/s | TTFT p50 ms | TTFT p99 ms |")
+print("|---|---|---|---|---|---|---|---|")
+mt = {r["engine"]: r for r in rows if r["workload"] == "multi-turn"}
+for e, r in mt.items():
+    print(f"| {e} | {r['errors']} | {r['requests']} | {r['wall_s']:.1f} | {r['output_tps']:.1f} | {r['total_tps']:.1f} | "
+          f"{r['ttft_ms']['p50']:.0f} | {r['ttft_ms']['p99']:.0f} |")
+if "kvserve-cache-on" in mt and "llama-server" in mt:
+    print(f"\nmulti-turn output throughput, kvserve (cache on) / llama-server: "
+          f"{mt['kvserve-cache-on']['output_tps'] / mt['llama-server']['output_tps']:.2f}x")
+PY
