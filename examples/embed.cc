@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
   std::unique_lock<std::mutex> lock(mu);
   done.wait(lock, [&] { return endings.size() == ids.size(); });
   for (size_t i = 0; i < ids.size(); ++i) {
-    std::printf("[%s] %s%s\n    (%s)\n", endings[ids[i]].c_str(), prompts[i],
-                texts[ids[i]].c_str(), ids[i] == to_cancel ? "cancelled on purpose" : "complete");
+    std::printf("[%s] %s%s\n    (%s)\n", endings[ids[i]].c_str(), prompts[i], texts[ids[i]].c_str(),
+                ids[i] == to_cancel ? "cancelled on purpose" : "complete");
   }
   const kvserve::EngineStats s = engine->stats();
   std::printf("engine: %lld steps, %lld tokens computed, %d KV blocks of %d positions\n",

@@ -149,7 +149,8 @@ TEST(KvLayer, WriteThenReadThroughHeadViewsAndCopy) {
       for (int32_t d = 0; d < hk; ++d) kp[h * hk + d] = key(pos, h, d);
       for (int32_t d = 0; d < hv; ++d) vp[h * hv + d] = value(pos, h, d);
     }
-    const int64_t slot = int64_t{blocks[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens;
+    const int64_t slot =
+        int64_t{blocks[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens;
     WriteKv(layer, slot, kp.data(), vp.data());
   }
   for (int32_t h = 0; h < n_head_kv; ++h) {

@@ -41,25 +41,25 @@ Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& promp
   Outcome out;
   out.tokens.resize(prompts.size());
   for (int32_t round = 0; round < rounds; ++round) {
-  if (round > 0) {  // later rounds resubmit the same prompts: the prefix cache may serve them
-    for (auto& t : out.tokens) t.clear();
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestOptions o;
-    o.sampling.temperature = 0;
-    o.max_tokens = max_tokens;
-    auto id = engine.Submit(prompts[i], o, [&out, i](const TokenEvent& e) {
-      if (e.token >= 0) out.tokens[i].push_back(e.token);
-    });
-    EXPECT_TRUE(id.ok()) << id.error();
-  }
-  for (int step = 0; step < 10000 && engine.HasWork(); ++step) {
-    EngineStepStats stats;
-    EXPECT_TRUE(engine.Step(&stats).ok());
-    out.preemptions += stats.n_preempted;
-    out.max_running = std::max(out.max_running, stats.n_running);
-    if (stats.n_tokens > 0) out.prefix_hits = stats.prefix_hits;
-  }
+    if (round > 0) {  // later rounds resubmit the same prompts: the prefix cache may serve them
+      for (auto& t : out.tokens) t.clear();
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestOptions o;
+      o.sampling.temperature = 0;
+      o.max_tokens = max_tokens;
+      auto id = engine.Submit(prompts[i], o, [&out, i](const TokenEvent& e) {
+        if (e.token >= 0) out.tokens[i].push_back(e.token);
+      });
+      EXPECT_TRUE(id.ok()) << id.error();
+    }
+    for (int step = 0; step < 10000 && engine.HasWork(); ++step) {
+      EngineStepStats stats;
+      EXPECT_TRUE(engine.Step(&stats).ok());
+      out.preemptions += stats.n_preempted;
+      out.max_running = std::max(out.max_running, stats.n_running);
+      if (stats.n_tokens > 0) out.prefix_hits = stats.prefix_hits;
+    }
   }
   EXPECT_FALSE(engine.HasWork());
   EXPECT_EQ(engine.kv().num_free_blocks(), engine.kv().num_usable_blocks());

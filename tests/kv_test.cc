@@ -128,7 +128,7 @@ TEST(KvCacheManager, AppendGrowsAcrossBlockBoundaries) {
 }
 
 TEST(KvCacheManager, ExhaustionIsANormalAllOrNothingResult) {
-  KvCacheManager kv(5, 4);  // 4 usable blocks
+  KvCacheManager kv(5, 4);         // 4 usable blocks
   ASSERT_TRUE(Append(kv, 1, 10));  // 3 blocks
   EXPECT_FALSE(Append(kv, 2, 5));  // needs 2, 1 free: nothing taken
   EXPECT_FALSE(kv.Contains(2));
@@ -204,7 +204,7 @@ TEST(KvCacheManager, ForkAtABlockBoundaryNeedsNoCopy) {
 }
 
 TEST(KvCacheManager, CopyOnWriteNeedsABlockAndFailsCleanlyWithoutOne) {
-  KvCacheManager kv(3, 4);  // 2 usable
+  KvCacheManager kv(3, 4);        // 2 usable
   ASSERT_TRUE(Append(kv, 1, 6));  // 1 2
   ASSERT_TRUE(kv.Fork(1, 2).ok());
   EXPECT_FALSE(Append(kv, 2, 1));  // the copy needs a free block

@@ -298,7 +298,8 @@ TEST(Scheduler, CancellingBeforeTheForkEndsEveryChoice) {
   EXPECT_EQ(e.scheduler().running().size(), 1u);
   EXPECT_TRUE(e.Cancel(id));
   ASSERT_EQ(c.finish.size(), 3u);
-  for (int32_t choice = 0; choice < 3; ++choice) EXPECT_EQ(c.finish[choice], FinishReason::kCancelled);
+  for (int32_t choice = 0; choice < 3; ++choice)
+    EXPECT_EQ(c.finish[choice], FinishReason::kCancelled);
   EXPECT_EQ(e.kv().num_free_blocks(), 31);
 }
 
@@ -409,7 +410,8 @@ TEST(AsyncEngine, CancelFromACallbackAndShutdownWithWorkLeft) {
   w.WaitFor(1);
   EXPECT_EQ(w.finish[first], FinishReason::kCancelled);
   EXPECT_EQ(w.tokens[first].size(), 3u);
-  for (int32_t i = 0; i < 3; ++i) ASSERT_TRUE(raw->Submit(Prompt(4, i), Greedy(200), w.Callback()).ok());
+  for (int32_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(raw->Submit(Prompt(4, i), Greedy(200), w.Callback()).ok());
   engine->Shutdown();  // must not hang; every request ends with an event
   EXPECT_EQ(w.finish.size(), 4u);
   EXPECT_FALSE(raw->Submit(Prompt(4, 9), Greedy(1), {}).ok());

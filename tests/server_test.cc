@@ -97,11 +97,11 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   EXPECT_EQ(models["data"][0]["id"], "stories260K");
   auto metrics = client_->Get("/metrics");
   ASSERT_TRUE(metrics);
-  for (const char* name : {"kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
-                           "num_preemptions_total", "prompt_tokens_total",
-                           "generation_tokens_total", "time_to_first_token_seconds_bucket",
-                           "time_per_output_token_seconds_bucket",
-                           "e2e_request_latency_seconds_bucket"}) {
+  for (const char* name :
+       {"kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
+        "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+        "time_to_first_token_seconds_bucket", "time_per_output_token_seconds_bucket",
+        "e2e_request_latency_seconds_bucket"}) {
     EXPECT_NE(metrics->body.find(std::string("kvserve:") + name), std::string::npos) << name;
   }
 }
@@ -124,9 +124,9 @@ TEST_F(ServerTest, CompletionGreedyWithUsageAndMetrics) {
   EXPECT_EQ(Metric("generation_tokens_total"), 12);
   EXPECT_EQ(Metric("prompt_tokens_total"), 5);
   // A token-array prompt is the same prompt.
-  auto [s2, b2] = Call("/v1/completions", {{"prompt", {1, 403, 407, 261, 378}},
-                                           {"max_tokens", 12},
-                                           {"temperature", 0}});
+  auto [s2, b2] =
+      Call("/v1/completions",
+           {{"prompt", {1, 403, 407, 261, 378}}, {"max_tokens", 12}, {"temperature", 0}});
   ASSERT_EQ(s2, 200);
   EXPECT_EQ(b2["choices"][0]["text"], text);
 }
@@ -174,11 +174,12 @@ TEST_F(ServerTest, StopStringsNAndLogprobs) {
     EXPECT_LE(lp["token_logprobs"][0].get<double>(), 0.0);
   }
   // Chat logprobs: greedy picks the most likely token, so it is the first alternative.
-  auto [cs, cb] = Call("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                                                {"max_tokens", 3},
-                                                {"temperature", 0},
-                                                {"logprobs", true},
-                                                {"top_logprobs", 3}});
+  auto [cs, cb] =
+      Call("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                    {"max_tokens", 3},
+                                    {"temperature", 0},
+                                    {"logprobs", true},
+                                    {"top_logprobs", 3}});
   ASSERT_EQ(cs, 200) << cb.dump();
   const json& content = cb["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 3u);
@@ -199,11 +200,12 @@ TEST_F(ServerTest, ChatPlainAndStreamedWithUsage) {
   const std::string answer = body["choices"][0]["message"]["content"];
   EXPECT_FALSE(answer.empty());
 
-  const auto events = Stream("/v1/chat/completions", {{"messages", messages},
-                                                      {"max_tokens", 8},
-                                                      {"temperature", 0},
-                                                      {"stream", true},
-                                                      {"stream_options", {{"include_usage", true}}}});
+  const auto events =
+      Stream("/v1/chat/completions", {{"messages", messages},
+                                      {"max_tokens", 8},
+                                      {"temperature", 0},
+                                      {"stream", true},
+                                      {"stream_options", {{"include_usage", true}}}});
   ASSERT_GE(events.size(), 3u);
   EXPECT_EQ(events.back(), "[DONE]");
   std::string streamed;
@@ -216,7 +218,8 @@ TEST_F(ServerTest, ChatPlainAndStreamedWithUsage) {
     if (i == 0) {
       EXPECT_EQ(choice["delta"]["role"], "assistant");
     }
-    if (choice["delta"].contains("content")) streamed += choice["delta"]["content"].get<std::string>();
+    if (choice["delta"].contains("content"))
+      streamed += choice["delta"]["content"].get<std::string>();
     if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
   }
   EXPECT_EQ(streamed, answer);  // same greedy answer, streamed
@@ -263,9 +266,11 @@ TEST_F(ServerTest, ErrorsAreOpenAiShapedWithTheRightStatus) {
          "model");
   expect(client_->Get("/v2/nothing"), 404, "Unknown path");
   expect(client_->Get("/%ff%fe"), 404, "Unknown path");  // not UTF-8 once decoded
-  expect(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}}),
+  expect(Post("/v1/chat/completions",
+              {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}}),
          400, "text content parts", "messages");
-  expect(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", {{{"type", 1}}}}}}}}),
+  expect(Post("/v1/chat/completions",
+              {{"messages", {{{"role", "user"}, {"content", {{{"type", 1}}}}}}}}),
          400, "text content parts", "messages");
   expect(Post("/v1/completions", {{"prompt", {1, 4294967296LL}}}), 400, "out of range", "prompt");
   expect(Post("/v1/completions", {{"prompt", {1, -3}}}), 400, "out of range", "prompt");
@@ -319,15 +324,19 @@ TEST_F(ServerTest, DisconnectMidStreamFreesBlocksAndOverloadGets503) {
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
-    req.body = json{{"prompt", "Once upon a time"}, {"max_tokens", 3900}, {"stream", true},
-                    {"temperature", 0}, {"ignore_eos", true}}.dump();
+    req.body = json{
+        {"prompt", "Once upon a time"},
+        {"max_tokens", 3900},
+        {"stream", true},
+        {"temperature", 0},
+        {"ignore_eos",
+         true}}.dump();
     req.set_header("Content-Type", "application/json");
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
       if (++chunks == 2) {
         // While it runs, the only seat (-np 1, no queue) is taken: a second request gets 503.
         auto r = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
-        second_refused = r && r->status == 503 &&
-                         r->body.find("overloaded") != std::string::npos;
+        second_refused = r && r->status == 503 && r->body.find("overloaded") != std::string::npos;
       }
       return chunks < 3;  // hang up
     };
@@ -335,7 +344,8 @@ TEST_F(ServerTest, DisconnectMidStreamFreesBlocksAndOverloadGets503) {
   });
   t.join();
   EXPECT_TRUE(second_refused);
-  EXPECT_TRUE(MetricBecomes(this, [&] { return Metric("kv_cache_blocks_free"); }, total))
+  EXPECT_TRUE(MetricBecomes(
+      this, [&] { return Metric("kv_cache_blocks_free"); }, total))
       << "blocks still held after the client went away";
   EXPECT_GE(Metric("request_failure_total"), 1);
   // The seat is free again.
@@ -354,8 +364,8 @@ TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
   EXPECT_FALSE(ChatFormatFromName("vicuna").ok());
   EXPECT_EQ(*ChatFormatFromName("qwen"), ChatFormat::kChatML);
 
-  const std::vector<ChatMessage> m = {{"system", "Be brief."}, {"user", "Hi"},
-                                      {"assistant", "Hello"}, {"user", "Bye"}};
+  const std::vector<ChatMessage> m = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}};
   EXPECT_EQ(RenderChat(ChatFormat::kChatML, m).text,
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"

@@ -74,10 +74,10 @@ struct GenerationOptions {
   float frequency_penalty = 0.f;
   float presence_penalty = 0.f;
   uint64_t seed = 0xC0FFEE;
-  int32_t logprobs = -1;  // >= 0: each event carries the token's log-probability and this
-                          // many most likely alternatives (at most 20)
-  std::string cache_salt;  // requests with different salts never share cached KV
-  bool ignore_eos = false;           // else the model's end-of-generation tokens stop a choice
+  int32_t logprobs = -1;    // >= 0: each event carries the token's log-probability and this
+                            // many most likely alternatives (at most 20)
+  std::string cache_salt;   // requests with different salts never share cached KV
+  bool ignore_eos = false;  // else the model's end-of-generation tokens stop a choice
   std::vector<int32_t> stop_tokens;  // more tokens that stop a choice
 };
 

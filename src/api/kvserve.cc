@@ -53,14 +53,24 @@ std::string Model::TokenText(int32_t token) const {
 std::string Model::ChatTemplate() const {
   return impl_->model->file().GetString("tokenizer.chat_template").value_or("");
 }
-int32_t Model::eos_token() const { return impl_->tokenizer->eos_id(); }
+int32_t Model::eos_token() const {
+  return impl_->tokenizer->eos_id();
+}
 bool Model::IsEndOfGeneration(int32_t token) const {
   return impl_->tokenizer->IsEndOfGeneration(token);
 }
-int32_t Model::bos_token() const { return impl_->tokenizer->bos_id(); }
-int32_t Model::n_vocab() const { return impl_->model->config().n_vocab; }
-int32_t Model::n_ctx_train() const { return impl_->model->config().n_ctx_train; }
-const std::string& Model::name() const { return impl_->model->config().name; }
+int32_t Model::bos_token() const {
+  return impl_->tokenizer->bos_id();
+}
+int32_t Model::n_vocab() const {
+  return impl_->model->config().n_vocab;
+}
+int32_t Model::n_ctx_train() const {
+  return impl_->model->config().n_ctx_train;
+}
+const std::string& Model::name() const {
+  return impl_->model->config().name;
+}
 int64_t Model::kv_bytes_per_token() const {
   return static_cast<int64_t>(kvs::ModelKvGeometry(impl_->model->config(), 16).BytesPerToken());
 }
@@ -87,8 +97,8 @@ std::string ModelFingerprint(const kvs::Model& m) {
 
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model) {
   kvs::RequestOptions r;
-  r.cache_key = kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), "k:f32,v:f32",
-                                    g.cache_salt);
+  r.cache_key =
+      kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), "k:f32,v:f32", g.cache_salt);
   r.max_tokens = g.max_tokens;
   r.n = g.n;
   r.priority = g.priority;
@@ -146,7 +156,8 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   const int64_t available = AvailableRamBytes();
   if (o.kv_memory_bytes <= 0) {
     // n_parallel full sequences, the null block, and the 1% admission watermark on top.
-    const double blocks = std::ceil((static_cast<double>(blocks_per_seq) * o.n_parallel + 1) * 1.02) + 1;
+    const double blocks =
+        std::ceil((static_cast<double>(blocks_per_seq) * o.n_parallel + 1) * 1.02) + 1;
     const double want = blocks * block_bytes;
     o.kv_memory_bytes = static_cast<int64_t>(std::min<double>(want, available / 2));
   }
@@ -177,8 +188,8 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   }
   impl->pool = std::make_unique<kvs::ThreadPool>(
       o.threads > 0 ? o.threads : kvs::ThreadPool::DefaultThreadCount());
-  auto runner = std::make_unique<kvs::ModelRunner>(*model->impl().model, *impl->pool,
-                                                   ec.block_size, ec.n_blocks);
+  auto runner = std::make_unique<kvs::ModelRunner>(*model->impl().model, *impl->pool, ec.block_size,
+                                                   ec.n_blocks);
   impl->engine = std::make_unique<kvs::AsyncEngine>(ec, std::move(runner));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -219,7 +230,9 @@ void Engine::Cancel(uint64_t request) {
   impl_->engine->Cancel(static_cast<kvs::RequestId>(request));
 }
 
-void Engine::CancelAll() { impl_->engine->CancelAll(); }
+void Engine::CancelAll() {
+  impl_->engine->CancelAll();
+}
 
 EngineStats Engine::stats() const {
   const kvs::EngineLoad load = impl_->engine->load();
@@ -237,6 +250,8 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-const EngineOptions& Engine::options() const { return impl_->options; }
+const EngineOptions& Engine::options() const {
+  return impl_->options;
+}
 
 }  // namespace kvserve

@@ -70,7 +70,7 @@ std::vector<Job> MakeWorkload(const MemoryArgs& a, int32_t n_vocab) {
 }
 
 struct MemoryResult {
-  double fragmentation_pct = 0;   // time-averaged reserved-but-unused share of reserved KV
+  double fragmentation_pct = 0;     // time-averaged reserved-but-unused share of reserved KV
   double waste_blocks_per_seq = 0;  // time-averaged unused positions per running sequence / B
   int32_t max_concurrent = 0;
   double mean_concurrent = 0;  // time-averaged running sequences
@@ -79,10 +79,14 @@ struct MemoryResult {
   int64_t steps = 0, preemptions = 0;
 
   nlohmann::json Json() const {
-    return {{"fragmentation_pct", fragmentation_pct}, {"waste_blocks_per_seq", waste_blocks_per_seq},
-            {"max_concurrent", max_concurrent},       {"mean_concurrent", mean_concurrent},
-            {"wall_s", wall_s},                       {"output_tps", output_tps},
-            {"total_tps", total_tps},                 {"steps", steps},
+    return {{"fragmentation_pct", fragmentation_pct},
+            {"waste_blocks_per_seq", waste_blocks_per_seq},
+            {"max_concurrent", max_concurrent},
+            {"mean_concurrent", mean_concurrent},
+            {"wall_s", wall_s},
+            {"output_tps", output_tps},
+            {"total_tps", total_tps},
+            {"steps", steps},
             {"preemptions", preemptions}};
   }
 };
@@ -173,15 +177,22 @@ int RunMemory(const MemoryArgs& a) {
                      {"n_ctx", a.n_ctx},
                      {"kv_budget_positions", static_cast<int64_t>(a.kv_contexts * a.n_ctx)},
                      {"block_size", a.block_size},
-                     {"prompt", {{"distribution", "lognormal"}, {"median", a.prompt_median},
-                                 {"sigma", a.sigma}, {"mean", double(sum_p) / a.requests}}},
-                     {"output", {{"distribution", "lognormal"}, {"median", a.output_median},
-                                 {"sigma", a.sigma}, {"mean", double(sum_o) / a.requests}}},
+                     {"prompt",
+                      {{"distribution", "lognormal"},
+                       {"median", a.prompt_median},
+                       {"sigma", a.sigma},
+                       {"mean", double(sum_p) / a.requests}}},
+                     {"output",
+                      {{"distribution", "lognormal"},
+                       {"median", a.output_median},
+                       {"sigma", a.sigma},
+                       {"mean", double(sum_o) / a.requests}}},
                      {"seed", a.seed},
                      {"model", path}};
   MemoryResult res[2];
   for (int mode = 0; mode < 2; ++mode) {
-    if (!a.json) std::fprintf(stderr, "serving with the %s cache...\n", mode ? "paged" : "contiguous");
+    if (!a.json)
+      std::fprintf(stderr, "serving with the %s cache...\n", mode ? "paged" : "contiguous");
     auto r = ServeWorkload(**model, jobs, a, /*contiguous=*/mode == 0, pool);
     if (!r.ok()) {
       std::fprintf(stderr, "error: %s\n", r.error().c_str());
@@ -197,13 +208,15 @@ int RunMemory(const MemoryArgs& a) {
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
-  std::printf("workload: %d requests, prompt mean %.0f / output mean %.0f tokens (log-normal, "
-              "medians %d / %d, sigma %.2f, seed %llu), context %d, KV budget %.0f positions\n",
-              a.requests, double(sum_p) / a.requests, double(sum_o) / a.requests, a.prompt_median,
-              a.output_median, a.sigma, static_cast<unsigned long long>(a.seed), a.n_ctx,
-              a.kv_contexts * a.n_ctx);
-  std::printf("| cache | fragmentation | waste (blocks/seq) | max concurrent | mean concurrent | "
-              "output t/s | total t/s | preemptions |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "workload: %d requests, prompt mean %.0f / output mean %.0f tokens (log-normal, "
+      "medians %d / %d, sigma %.2f, seed %llu), context %d, KV budget %.0f positions\n",
+      a.requests, double(sum_p) / a.requests, double(sum_o) / a.requests, a.prompt_median,
+      a.output_median, a.sigma, static_cast<unsigned long long>(a.seed), a.n_ctx,
+      a.kv_contexts * a.n_ctx);
+  std::printf(
+      "| cache | fragmentation | waste (blocks/seq) | max concurrent | mean concurrent | "
+      "output t/s | total t/s | preemptions |\n|---|---|---|---|---|---|---|---|\n");
   for (int mode = 0; mode < 2; ++mode) {
     const MemoryResult& r = res[mode];
     std::printf("| %s | %.1f%% | %.2f | %d | %.1f | %.1f | %.1f | %lld |\n",
@@ -265,19 +278,22 @@ int RunThroughput(ThroughputArgs a) {
   for (int32_t i = 0; i < a.requests; ++i) {
     std::vector<int32_t> prompt(a.prompt_tokens);
     for (int32_t& t : prompt) t = token(rng);
-    const uint64_t id = engine->Submit(std::move(prompt), g, [&, i](const kvserve::TokenEvent& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (e.token >= 0) {
-        const double t = Since(t0);
-        token_times.push_back(t);
-        if (first_token[i] < 0) first_token[i] = t;
-      }
-      if (e.finished) {
-        if (e.finish_reason == "error") failure = e.error;
-        ++finished;
-        done.notify_all();
-      }
-    }, &error);
+    const uint64_t id = engine->Submit(
+        std::move(prompt), g,
+        [&, i](const kvserve::TokenEvent& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (e.token >= 0) {
+            const double t = Since(t0);
+            token_times.push_back(t);
+            if (first_token[i] < 0) first_token[i] = t;
+          }
+          if (e.finished) {
+            if (e.finish_reason == "error") failure = e.error;
+            ++finished;
+            done.notify_all();
+          }
+        },
+        &error);
     if (id == 0) {
       std::fprintf(stderr, "error: %s\n", error.c_str());
       return 1;
@@ -324,10 +340,11 @@ int RunThroughput(ThroughputArgs a) {
   } else {
     std::printf("%d requests (%d prompt + %d generated tokens each) at concurrency %d: %.2f s\n",
                 a.requests, a.prompt_tokens, a.gen_tokens, a.concurrency, wall);
-    std::printf("output %.1f t/s, total %.1f t/s, aggregate decode %.1f t/s, mean TTFT %.3f s, "
-                "%lld steps, %lld preemptions\n",
-                n_out / wall, (n_out + int64_t{a.requests} * a.prompt_tokens) / wall, decode_tps,
-                ttft, static_cast<long long>(s.steps), static_cast<long long>(s.preemptions));
+    std::printf(
+        "output %.1f t/s, total %.1f t/s, aggregate decode %.1f t/s, mean TTFT %.3f s, "
+        "%lld steps, %lld preemptions\n",
+        n_out / wall, (n_out + int64_t{a.requests} * a.prompt_tokens) / wall, decode_tps, ttft,
+        static_cast<long long>(s.steps), static_cast<long long>(s.preemptions));
   }
   return 0;
 }
@@ -386,7 +403,8 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
   throughput->add_option("--prompt-tokens", t->prompt_tokens, "Prompt length (random tokens)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  throughput->add_option("--gen-tokens", t->gen_tokens, "Tokens generated per request (EOS ignored)")
+  throughput
+      ->add_option("--gen-tokens", t->gen_tokens, "Tokens generated per request (EOS ignored)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   throughput->add_option("-s,--seed", t->seed, "Prompt seed")->capture_default_str();

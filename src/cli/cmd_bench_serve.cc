@@ -73,9 +73,12 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const nlohmann
   client.set_connection_timeout(10, 0);
   httplib::Headers headers;
   if (!a.api_key.empty()) headers.emplace("Authorization", "Bearer " + a.api_key);
-  nlohmann::json body = {{"prompt", prompt},          {"max_tokens", max_tokens},
-                         {"temperature", 0},          {"stream", true},
-                         {"ignore_eos", true},        {"stream_options", {{"include_usage", true}}},
+  nlohmann::json body = {{"prompt", prompt},
+                         {"max_tokens", max_tokens},
+                         {"temperature", 0},
+                         {"stream", true},
+                         {"ignore_eos", true},
+                         {"stream_options", {{"include_usage", true}}},
                          // llama-server reuses a slot's KV for a repeated prompt unless told
                          // not to: only the workloads made of repeated prefixes allow it.
                          {"cache_prompt", a.workload != "random"}};
@@ -103,7 +106,7 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const nlohmann
       if (chunk.contains("error")) {
         const nlohmann::json& err = chunk.at("error");
         o.error = err.is_object() && err.contains("message") ? err.at("message").dump()
-                                                              : "error in stream";
+                                                             : "error in stream";
         continue;
       }
       if (chunk.contains("usage") && chunk.at("usage").is_object() &&
@@ -192,8 +195,10 @@ int RunServeBench(const ServeBenchArgs& a) {
   std::vector<int32_t> prefix(a.workload == "shared-prefix" ? a.prefix_tokens : 0);
   for (int32_t& id : prefix) id = token(rng);
   for (int32_t i = 0; i < a.requests && a.workload != "multi-turn"; ++i) {
-    const int32_t p = std::max<int32_t>(1, std::lround(a.prompt_tokens * (a.sigma > 0 ? factor(rng) : 1)));
-    const int32_t g = std::max<int32_t>(1, std::lround(a.gen_tokens * (a.sigma > 0 ? factor(rng) : 1)));
+    const int32_t p =
+        std::max<int32_t>(1, std::lround(a.prompt_tokens * (a.sigma > 0 ? factor(rng) : 1)));
+    const int32_t g =
+        std::max<int32_t>(1, std::lround(a.gen_tokens * (a.sigma > 0 ? factor(rng) : 1)));
     std::vector<int32_t> ids = prefix;
     for (int32_t k = 0; k < p; ++k) ids.push_back(token(rng));
     jobs.push_back(Job{ids, g, t});
@@ -212,14 +217,16 @@ int RunServeBench(const ServeBenchArgs& a) {
   std::mutex turns_mu;
   if (a.workload == "multi-turn") {
     // One thread per conversation, its turns in order, each resending the history.
-    static const char* kWords[] = {"the", "little", "cat", "saw", "a", "big", "tree", "and",
-                                   "ran", "to", "her", "friend", "who", "was", "happy", "day",
-                                   "sun", "park", "ball", "played", "with", "dog", "went", "home"};
+    static const char* kWords[] = {"the",  "little", "cat",   "saw", "a",    "big",
+                                   "tree", "and",    "ran",   "to",  "her",  "friend",
+                                   "who",  "was",    "happy", "day", "sun",  "park",
+                                   "ball", "played", "with",  "dog", "went", "home"};
     for (int32_t c = 0; c < a.conversations; ++c) {
       std::vector<std::string> users;
       for (int32_t turn = 0; turn < a.turns; ++turn) {
         std::string u;
-        for (int32_t k = 0; k < a.prompt_tokens; ++k) u += std::string(k ? " " : "") + kWords[rng() % 24];
+        for (int32_t k = 0; k < a.prompt_tokens; ++k)
+          u += std::string(k ? " " : "") + kWords[rng() % 24];
         users.push_back(u);
       }
       workers.emplace_back([&, users] {
@@ -234,7 +241,8 @@ int RunServeBench(const ServeBenchArgs& a) {
       });
     }
   }
-  for (int32_t w = 0; w < std::min<int32_t>(a.concurrency, a.requests) && a.workload != "multi-turn"; ++w) {
+  for (int32_t w = 0;
+       w < std::min<int32_t>(a.concurrency, a.requests) && a.workload != "multi-turn"; ++w) {
     workers.emplace_back([&] {
       for (size_t i; (i = next++) < jobs.size();) {
         const auto due = t0 + std::chrono::duration_cast<Clock::duration>(
@@ -265,8 +273,11 @@ int RunServeBench(const ServeBenchArgs& a) {
     in_tokens += o.prompt_tokens;
   }
   auto pct = [](const std::vector<double>& v) {
-    return nlohmann::json{{"mean", v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size()},
-                          {"p50", Percentile(v, 50)}, {"p90", Percentile(v, 90)}, {"p99", Percentile(v, 99)}};
+    return nlohmann::json{
+        {"mean", v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size()},
+        {"p50", Percentile(v, 50)},
+        {"p90", Percentile(v, 90)},
+        {"p99", Percentile(v, 99)}};
   };
   nlohmann::json j = {{"url", a.url},
                       {"model", model},
@@ -292,7 +303,8 @@ int RunServeBench(const ServeBenchArgs& a) {
   if (a.workload == "shared-prefix") {
     j["prefix_tokens"] = a.prefix_tokens;
     j["ttft_cold_ms"] = cold.ok ? cold.ttft * 1e3 : -1.0;
-    j["cold_over_warm_ttft"] = cold.ok && !ttft.empty() ? cold.ttft * 1e3 / Percentile(ttft, 50) : 0.0;
+    j["cold_over_warm_ttft"] =
+        cold.ok && !ttft.empty() ? cold.ttft * 1e3 / Percentile(ttft, 50) : 0.0;
     if (!cold.ok) ++errors;
   }
   if (a.workload == "multi-turn") {
@@ -303,13 +315,14 @@ int RunServeBench(const ServeBenchArgs& a) {
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%s: %d requests (%d prompt + %d generated tokens%s), concurrency %d%s: %.2f s, "
-                "%d errors\n",
-                a.url.c_str(), j["requests"].get<int32_t>(), a.prompt_tokens, a.gen_tokens,
-                a.sigma > 0 ? ", log-normal" : "", a.concurrency,
-                a.rate > 0 ? (", Poisson " + std::to_string(a.rate) + " req/s").c_str() : "", wall,
-                errors);
-    std::printf("output %.1f t/s, total %.1f t/s\n", out_tokens / wall, (out_tokens + in_tokens) / wall);
+    std::printf(
+        "%s: %d requests (%d prompt + %d generated tokens%s), concurrency %d%s: %.2f s, "
+        "%d errors\n",
+        a.url.c_str(), j["requests"].get<int32_t>(), a.prompt_tokens, a.gen_tokens,
+        a.sigma > 0 ? ", log-normal" : "", a.concurrency,
+        a.rate > 0 ? (", Poisson " + std::to_string(a.rate) + " req/s").c_str() : "", wall, errors);
+    std::printf("output %.1f t/s, total %.1f t/s\n", out_tokens / wall,
+                (out_tokens + in_tokens) / wall);
     std::printf("| ms | mean | p50 | p90 | p99 |\n|---|---|---|---|---|\n");
     for (const char* k : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"}) {
       std::printf("| %s | %.1f | %.1f | %.1f | %.1f |\n", k, j[k]["mean"].get<double>(),
@@ -318,8 +331,8 @@ int RunServeBench(const ServeBenchArgs& a) {
     if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
     if (a.workload == "shared-prefix") {
       std::printf("shared prefix of %d tokens: cold TTFT %.1f ms, warm TTFT p50 %.1f ms (%.1fx)\n",
-                  a.prefix_tokens, j["ttft_cold_ms"].get<double>(), j["ttft_ms"]["p50"].get<double>(),
-                  j["cold_over_warm_ttft"].get<double>());
+                  a.prefix_tokens, j["ttft_cold_ms"].get<double>(),
+                  j["ttft_ms"]["p50"].get<double>(), j["cold_over_warm_ttft"].get<double>());
     }
   }
   return errors == 0 ? 0 : 3;
@@ -353,9 +366,10 @@ Runner AddServeBenchCommand(CLI::App* bench) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3.0));
   cmd->add_option("-s,--seed", a->seed, "Workload seed")->capture_default_str();
-  cmd->add_option("--workload", a->workload,
-                  "random | shared-prefix (one --prefix-tokens prompt, then --requests questions) | "
-                  "multi-turn (--conversations x --turns, history resent as text)")
+  cmd->add_option(
+         "--workload", a->workload,
+         "random | shared-prefix (one --prefix-tokens prompt, then --requests questions) | "
+         "multi-turn (--conversations x --turns, history resent as text)")
       ->capture_default_str()
       ->check(CLI::IsMember({"random", "shared-prefix", "multi-turn"}));
   cmd->add_option("--prefix-tokens", a->prefix_tokens, "Shared prefix length (shared-prefix)")

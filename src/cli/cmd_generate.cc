@@ -85,24 +85,27 @@ int RunGenerate(GenerateArgs a) {
   bool strip_leading_space = ids.size() == 1 && ids[0] == model->bos_token();
   const auto t0 = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point t_first;
-  const uint64_t id = engine->Submit(ids, a.gen, [&](const kvserve::TokenEvent& e) {
-    if (e.token >= 0 && generated.empty()) t_first = std::chrono::steady_clock::now();
-    if (e.token >= 0) generated.push_back(e.token);
-    std::string text = e.text;
-    if (strip_leading_space && !text.empty()) {
-      if (text[0] == ' ') text.erase(0, 1);
-      strip_leading_space = false;
-    }
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-    if (e.finished) {
-      std::lock_guard<std::mutex> lock(mu);
-      finished = true;
-      finish_reason = e.finish_reason;
-      finish_error = e.error;
-      done.notify_all();
-    }
-  }, &error);
+  const uint64_t id = engine->Submit(
+      ids, a.gen,
+      [&](const kvserve::TokenEvent& e) {
+        if (e.token >= 0 && generated.empty()) t_first = std::chrono::steady_clock::now();
+        if (e.token >= 0) generated.push_back(e.token);
+        std::string text = e.text;
+        if (strip_leading_space && !text.empty()) {
+          if (text[0] == ' ') text.erase(0, 1);
+          strip_leading_space = false;
+        }
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+        if (e.finished) {
+          std::lock_guard<std::mutex> lock(mu);
+          finished = true;
+          finish_reason = e.finish_reason;
+          finish_error = e.error;
+          done.notify_all();
+        }
+      },
+      &error);
   if (id == 0) {
     std::fprintf(stderr, "error: %s\n", error.c_str());
     return 1;
@@ -148,8 +151,7 @@ Runner AddGenerateCommand(CLI::App& root) {
                   "Tokens to generate (-1: until EOS or full context)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 24));
-  cmd->add_option("--temp", a->gen.temperature, "Temperature (0: greedy)")
-      ->capture_default_str();
+  cmd->add_option("--temp", a->gen.temperature, "Temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", a->gen.top_k, "Top-k (0: off)")->capture_default_str();
   cmd->add_option("--top-p", a->gen.top_p, "Top-p (1: off)")->capture_default_str();
   cmd->add_option("--min-p", a->gen.min_p, "Min-p (0: off)")->capture_default_str();

@@ -42,8 +42,8 @@ int RunServe(ServeArgs a) {
     std::fprintf(stderr, "error: %s\n", port.error().c_str());
     return 1;
   }
-  std::fprintf(stderr, "kvserve: listening on http://%s:%d (loading %s)\n",
-               a.server.host.c_str(), *port, path.c_str());
+  std::fprintf(stderr, "kvserve: listening on http://%s:%d (loading %s)\n", a.server.host.c_str(),
+               *port, path.c_str());
   if (Status st = server.Load(); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.message().c_str());
     server.Stop();
@@ -65,10 +65,13 @@ int RunServe(ServeArgs a) {
 Runner AddServeCommand(CLI::App& root) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server");
-  cmd->add_option("-m,--model", a->model, "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
+  cmd->add_option("-m,--model", a->model,
+                  "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
   cmd->add_option("--host", a->server.host, "Address to bind (loopback unless told otherwise)")
       ->capture_default_str();
-  cmd->add_option("--port", a->server.port, "Port")->capture_default_str()->check(CLI::Range(1, 65535));
+  cmd->add_option("--port", a->server.port, "Port")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
   cmd->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--chat-template", a->server.chat_template,
                   "chatml (qwen), llama2, llama3, mistral or plain (default: from the GGUF)");

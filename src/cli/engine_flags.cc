@@ -26,7 +26,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "Most tokens (prompt + output) of one sequence (0: the model's training context)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--parallel", o.n_parallel, "Sequences decoded together (continuous batching); also -np")
+  cmd->add_option("--parallel", o.n_parallel,
+                  "Sequences decoded together (continuous batching); also -np")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--kv-memory", f->kv_memory,

@@ -26,7 +26,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {
     const std::string arg = argv[i];
-    args.push_back(arg == "-np" ? "--parallel" : arg.rfind("-np=", 0) == 0 ? "--parallel=" + arg.substr(4) : arg);
+    args.push_back(arg == "-np"                ? "--parallel"
+                   : arg.rfind("-np=", 0) == 0 ? "--parallel=" + arg.substr(4)
+                                               : arg);
   }
   try {
     app.parse(args);

@@ -13,12 +13,12 @@
   } while (0)
 
 // The same, printing a message (a C string) that says what went wrong.
-#define KVS_CHECK_MSG(cond, msg)                                                            \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
+#define KVS_CHECK_MSG(cond, msg)                                                             \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       std::fprintf(stderr, "%s:%d: check failed: %s: %s\n", __FILE__, __LINE__, #cond, msg); \
-      std::abort();                                                                         \
-    }                                                                                       \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)
 
 #ifdef NDEBUG

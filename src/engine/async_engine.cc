@@ -11,7 +11,9 @@ AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner>
   thread_ = std::thread([this] { Loop(); });
 }
 
-AsyncEngine::~AsyncEngine() { Shutdown(); }
+AsyncEngine::~AsyncEngine() {
+  Shutdown();
+}
 
 Expected<RequestId> AsyncEngine::Submit(std::vector<int32_t> prompt, const RequestOptions& options,
                                         TokenCallback on_token) {
@@ -35,7 +37,9 @@ void AsyncEngine::Cancel(RequestId id) {
   wake_.notify_one();
 }
 
-void AsyncEngine::CancelAll() { Cancel(0); }  // id 0 is never a request's
+void AsyncEngine::CancelAll() {
+  Cancel(0);
+}  // id 0 is never a request's
 
 void AsyncEngine::Shutdown() {
   {
@@ -74,7 +78,8 @@ void AsyncEngine::Loop() {
       Status st = engine_.SubmitWithId(c.id, std::move(c.prompt), c.options, c.on_token);
       if (!st.ok() && c.on_token) {
         for (int32_t choice = 0; choice < std::max(1, c.options.n); ++choice) {
-          c.on_token(TokenEvent{c.id, choice, -1, true, FinishReason::kError, st.message(), 0.f, {}});
+          c.on_token(
+              TokenEvent{c.id, choice, -1, true, FinishReason::kError, st.message(), 0.f, {}});
         }
       }
     }

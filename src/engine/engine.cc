@@ -9,11 +9,16 @@ namespace kvs {
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -31,8 +36,8 @@ Status EngineConfig::Validate() const {
   const int64_t blocks_per_seq = (static_cast<int64_t>(n_ctx) + block_size - 1) / block_size;
   const int32_t watermark = watermark_blocks >= 0 ? watermark_blocks : n_blocks / 100;
   if (n_blocks - 1 - watermark < std::min<int64_t>(blocks_per_seq, 1)) {
-    return Status::Error(StrFormat("the KV memory holds %d blocks: too few for any sequence",
-                                   n_blocks - 1));
+    return Status::Error(
+        StrFormat("the KV memory holds %d blocks: too few for any sequence", n_blocks - 1));
   }
   return Status::Ok();
 }
@@ -49,13 +54,12 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner)
   kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
 }
 
-Status Engine::ValidateRequest(const std::vector<int32_t>& prompt,
-                               const RequestOptions& o) const {
+Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const RequestOptions& o) const {
   if (prompt.empty()) return Status::Error("the prompt is empty (no tokens to start from)");
   for (int32_t t : prompt) {
     if (t < 0 || t >= runner_.n_vocab()) {
-      return Status::Error(StrFormat("prompt token %d is outside the vocabulary (0..%d)", t,
-                                     runner_.n_vocab() - 1));
+      return Status::Error(
+          StrFormat("prompt token %d is outside the vocabulary (0..%d)", t, runner_.n_vocab() - 1));
     }
   }
   if (static_cast<int64_t>(prompt.size()) >= config_.n_ctx) {
@@ -63,13 +67,14 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt,
                                    prompt.size(), config_.n_ctx));
   }
   if (o.max_tokens < -1 || o.max_tokens == 0) {
-    return Status::Error(StrFormat("max_tokens %d: must be positive, or -1 for no limit",
-                                   o.max_tokens));
+    return Status::Error(
+        StrFormat("max_tokens %d: must be positive, or -1 for no limit", o.max_tokens));
   }
   if (o.n < 1 || o.n > config_.max_seqs) {
-    return Status::Error(StrFormat("n = %d: must be between 1 and the number of parallel "
-                                   "sequences (-np %d)",
-                                   o.n, config_.max_seqs));
+    return Status::Error(
+        StrFormat("n = %d: must be between 1 and the number of parallel "
+                  "sequences (-np %d)",
+                  o.n, config_.max_seqs));
   }
   if (o.logprobs > 20) return Status::Error(StrFormat("logprobs %d: at most 20", o.logprobs));
   KVS_RETURN_IF_ERROR(o.sampling.Validate());
@@ -116,7 +121,8 @@ Expected<RequestId> Engine::Submit(std::vector<int32_t> prompt, const RequestOpt
 Status Engine::SubmitWithId(RequestId id, std::vector<int32_t> prompt,
                             const RequestOptions& options, TokenCallback on_token) {
   KVS_RETURN_IF_ERROR(ValidateRequest(prompt, options));
-  if (requests_.contains(id)) return Status::Error(StrFormat("request id %lld is in use", (long long)id));
+  if (requests_.contains(id))
+    return Status::Error(StrFormat("request id %lld is in use", (long long)id));
   requests_.emplace(id, RequestState{options, std::move(on_token), {}});
   Sequence* seq = NewSequence(id, 0, options);
   seq->arrival = next_arrival_++;

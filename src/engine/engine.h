@@ -19,12 +19,12 @@
 namespace kvs {
 
 struct EngineConfig {
-  int32_t n_ctx = 4096;            // -c: most positions (prompt + output) one sequence may hold
-  int32_t max_seqs = 4;            // -np/--parallel
-  int32_t max_batch_tokens = 512;  // --max-batch-tokens
-  int32_t block_size = 16;         // --block-size
-  int32_t n_blocks = 0;            // pool size, null block included (from --kv-memory)
-  int32_t watermark_blocks = -1;   // -1: 1% of the pool
+  int32_t n_ctx = 4096;               // -c: most positions (prompt + output) one sequence may hold
+  int32_t max_seqs = 4;               // -np/--parallel
+  int32_t max_batch_tokens = 512;     // --max-batch-tokens
+  int32_t block_size = 16;            // --block-size
+  int32_t n_blocks = 0;               // pool size, null block included (from --kv-memory)
+  int32_t watermark_blocks = -1;      // -1: 1% of the pool
   bool reserve_full_context = false;  // the contiguous baseline: admission reserves n_ctx
   bool verify_each_step = false;      // KvCacheManager::VerifyIntegrity after every step
   bool prefix_cache = true;           // share cached full blocks of repeated prefixes

@@ -6,8 +6,7 @@ KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size) {
   return KvGeometry{c.n_layer, c.n_head_kv, c.head_dim_k, c.head_dim_v, block_size};
 }
 
-ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size,
-                         int32_t n_blocks)
+ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks)
     : model_(model),
       storage_(ModelKvGeometry(model.config(), block_size), n_blocks),
       forward_(model, pool) {}

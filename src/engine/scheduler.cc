@@ -106,14 +106,13 @@ SchedulePlan Scheduler::Plan() const {
     for (Sequence* seq : waiting_) {
       if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
       // The cached prefix is shared, not computed: only the rest is prefilled.
-      PrefixMatch prefix = kv_.Match(seq->tokens.data(), static_cast<int32_t>(seq->tokens.size()),
-                                     seq->cache_key);
+      PrefixMatch prefix =
+          kv_.Match(seq->tokens.data(), static_cast<int32_t>(seq->tokens.size()), seq->cache_key);
       const int32_t n = std::min(seq->n_pending() - prefix.n_tokens, budget);
-      const int32_t need =
-          prefix.blocks.empty()
-              ? AdmissionBlocks(*seq, n)
-              : kv_.BlocksFor(prefix.n_tokens + n) - static_cast<int32_t>(prefix.blocks.size()) +
-                    prefix.n_free;
+      const int32_t need = prefix.blocks.empty()
+                               ? AdmissionBlocks(*seq, n)
+                               : kv_.BlocksFor(prefix.n_tokens + n) -
+                                     static_cast<int32_t>(prefix.blocks.size()) + prefix.n_free;
       if (free - need < kv_.watermark_blocks()) break;
       plan.admit.push_back(seq);
       plan.admit_prefix.push_back(std::move(prefix));

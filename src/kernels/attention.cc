@@ -84,7 +84,8 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
           _mm512_mul_ps(_mm512_add_ps(s0[i], s1[i]), _mm512_set1_ps(shape.scale)));
       const float m_new = std::max(m[i], _mm512_reduce_max_ps(s));
       alpha[i] = std::exp(m[i] - m_new);  // 0 on the first block (m = -inf)
-      const __m512 pv = _mm512_maskz_mov_ps(valid, simd::ExpNonPositive(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+      const __m512 pv =
+          _mm512_maskz_mov_ps(valid, simd::ExpNonPositive(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
       l[i] = l[i] * alpha[i] + _mm512_reduce_add_ps(pv);
       m[i] = m_new;
       _mm512_store_ps(p[i], pv);

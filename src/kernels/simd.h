@@ -20,8 +20,9 @@
 #if defined(__AVX512F__)
 namespace kvs::simd {
 
-// exp(x) for x <= 0 (attention scores minus their max, -|x| for a sigmoid), relative error about 1e-7: x = n ln2 + r
-// with |r| <= ln2 / 2, a degree-7 Taylor polynomial for exp(r), and 2^n applied by scalef.
+// exp(x) for x <= 0 (attention scores minus their max, -|x| for a sigmoid), relative error about
+// 1e-7: x = n ln2 + r with |r| <= ln2 / 2, a degree-7 Taylor polynomial for exp(r), and 2^n applied
+// by scalef.
 inline __m512 ExpNonPositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),

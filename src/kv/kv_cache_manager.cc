@@ -170,7 +170,8 @@ int64_t KvCacheManager::Slot(SeqId seq, int32_t pos) const {
 
 Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   auto it = tables_.find(parent);
-  if (it == tables_.end()) return Status::Error(StrFormat("fork: no sequence %lld", (long long)parent));
+  if (it == tables_.end())
+    return Status::Error(StrFormat("fork: no sequence %lld", (long long)parent));
   if (tables_.contains(child)) {
     return Status::Error(StrFormat("fork: sequence %lld already exists", (long long)child));
   }
@@ -210,7 +211,8 @@ Status KvCacheManager::VerifyIntegrity() const {
   for (const auto& [hash, id] : cached_) {
     if (id <= kNullBlock || id >= pool_.num_blocks() || !block_cached_[id] ||
         !(block_hash_[id] == hash)) {
-      return Status::Error(StrFormat("prefix index entry for block %d disagrees with the block", id));
+      return Status::Error(
+          StrFormat("prefix index entry for block %d disagrees with the block", id));
     }
   }
   int64_t marked = 0;

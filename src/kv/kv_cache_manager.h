@@ -22,15 +22,17 @@ struct BlockHash {
   bool operator==(const BlockHash&) const = default;
 };
 struct BlockHashHasher {
-  size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
+  size_t operator()(const BlockHash& h) const {
+    return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull));
+  }
 };
 // The extra key every block hash of a request covers: model, KV types, the request's salt.
 BlockHash PrefixCacheKey(std::string_view model_fingerprint, std::string_view kv_types,
                          std::string_view cache_salt);
 
 struct BlockTable {
-  std::vector<int32_t> blocks;  // logical block i -> physical block id
-  int32_t num_tokens = 0;       // positions with a slot (KV written, or written this step)
+  std::vector<int32_t> blocks;    // logical block i -> physical block id
+  int32_t num_tokens = 0;         // positions with a slot (KV written, or written this step)
   std::vector<BlockHash> hashes;  // chain hashes of its first full, computed blocks
 };
 

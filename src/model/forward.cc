@@ -40,8 +40,8 @@ Status ForwardPass::Validate(const RaggedBatch& b, std::span<const KvLayerView> 
   }
   for (int32_t i = 0; i < n; ++i) {
     if (b.tokens[i] < 0 || b.tokens[i] >= c_.n_vocab) {
-      return Status::Error(StrFormat("token id %d is outside the vocabulary (0..%d)", b.tokens[i],
-                                     c_.n_vocab - 1));
+      return Status::Error(
+          StrFormat("token id %d is outside the vocabulary (0..%d)", b.tokens[i], c_.n_vocab - 1));
     }
   }
   int32_t next = 0;
@@ -181,7 +181,8 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
         const size_t i = static_cast<size_t>(seq.first_token + t);
         const int32_t h = g * group + (chunk.first_query + k) % group;
         q[k] = q_.data() + i * c_.q_dim() + static_cast<size_t>(h) * c_.head_dim_k;
-        out[k] = att_.data() + i * c_.n_head * c_.head_dim_v + static_cast<size_t>(h) * c_.head_dim_v;
+        out[k] =
+            att_.data() + i * c_.n_head * c_.head_dim_v + static_cast<size_t>(h) * c_.head_dim_v;
         n_keys[k] = seq.n_cached + t + 1;  // causal: itself and everything before
       }
       Attend(shape, kv.Head(g, seq.kv_blocks.data()), q, n_keys, count, out);

@@ -7,11 +7,16 @@ namespace kvs::server {
 
 const char* ChatFormatName(ChatFormat f) {
   switch (f) {
-    case ChatFormat::kChatML: return "chatml";
-    case ChatFormat::kLlama2: return "llama2";
-    case ChatFormat::kLlama3: return "llama3";
-    case ChatFormat::kMistral: return "mistral";
-    case ChatFormat::kPlain: return "plain";
+    case ChatFormat::kChatML:
+      return "chatml";
+    case ChatFormat::kLlama2:
+      return "llama2";
+    case ChatFormat::kLlama3:
+      return "llama3";
+    case ChatFormat::kMistral:
+      return "mistral";
+    case ChatFormat::kPlain:
+      return "plain";
   }
   return "plain";
 }
@@ -114,7 +119,8 @@ RenderedChat RenderChat(ChatFormat format, const std::vector<ChatMessage>& messa
       // A documented fallback: role-labelled turns, the reply after "Assistant:".
       for (const ChatMessage& m : messages) {
         std::string role = m.role;
-        if (!role.empty()) role[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(role[0])));
+        if (!role.empty())
+          role[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(role[0])));
         t += role + ": " + m.content + "\n";
       }
       t += "Assistant:";

@@ -142,8 +142,8 @@ nlohmann::json CompletionCall::Usage() const {
 std::string CompletionCall::ChunkJson(const Piece& p) {
   nlohmann::json choice = {{"index", p.choice}};
   choice["logprobs"] = p.logprobs;
-  choice["finish_reason"] = p.finish_reason.empty() ? nlohmann::json(nullptr)
-                                                    : nlohmann::json(p.finish_reason);
+  choice["finish_reason"] =
+      p.finish_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.finish_reason);
   if (request_.chat) {
     nlohmann::json delta = nlohmann::json::object();
     Choice& c = choices_[p.choice];
@@ -195,12 +195,10 @@ std::string CompletionCall::FinalJson() const {
     }
     choices.push_back(choice);
   }
-  nlohmann::json body = {{"id", id_},
-                         {"object", request_.chat ? "chat.completion" : "text_completion"},
-                         {"created", created_},
-                         {"model", model_},
-                         {"choices", choices},
-                         {"usage", Usage()}};
+  nlohmann::json body = {
+      {"id", id_},           {"object", request_.chat ? "chat.completion" : "text_completion"},
+      {"created", created_}, {"model", model_},
+      {"choices", choices},  {"usage", Usage()}};
   return Dump(body);
 }
 
@@ -217,9 +215,8 @@ bool CompletionCall::Pump(const std::function<bool(const std::string&)>& write, 
   {
     std::unique_lock<std::mutex> lock(mu_);
     const auto all_done = [&] { return n_done_ == static_cast<int32_t>(choices_.size()); };
-    cv_.wait_for(lock, std::chrono::seconds(1), [&] {
-      return (request_.stream && !pieces_.empty()) || all_done();
-    });
+    cv_.wait_for(lock, std::chrono::seconds(1),
+                 [&] { return (request_.stream && !pieces_.empty()) || all_done(); });
     if (request_.stream) {
       while (!pieces_.empty()) {
         out.push_back("data: " + ChunkJson(pieces_.front()) + "\n\n");
@@ -231,12 +228,13 @@ bool CompletionCall::Pump(const std::function<bool(const std::string&)>& write, 
           out.push_back("data: " + Dump(ErrorJson(err)) + "\n\n");
         }
         if (request_.include_usage) {
-          nlohmann::json chunk = {{"id", id_},
-                                  {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
-                                  {"created", created_},
-                                  {"model", model_},
-                                  {"choices", nlohmann::json::array()},
-                                  {"usage", Usage()}};
+          nlohmann::json chunk = {
+              {"id", id_},
+              {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created_},
+              {"model", model_},
+              {"choices", nlohmann::json::array()},
+              {"usage", Usage()}};
           out.push_back("data: " + Dump(chunk) + "\n\n");
         }
         out.push_back("data: [DONE]\n\n");

@@ -18,7 +18,8 @@ void SendError(httplib::Response& res, const ApiError& e) {
 
 std::string FileStem(const std::string& path) {
   std::string name = path.substr(path.find_last_of('/') + 1);
-  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0)
+    name.resize(name.size() - 5);
   return name;
 }
 
@@ -28,16 +29,20 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
   model_id_ = options_.alias.empty() ? FileStem(options_.model_path) : options_.alias;
 }
 
-Server::~Server() { Stop(); }
+Server::~Server() {
+  Stop();
+}
 
 bool Server::Authorized(const httplib::Request& req, httplib::Response& res) const {
   if (options_.api_key.empty()) return true;
   if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
-  SendError(res, ApiError{401, "invalid_request_error",
+  SendError(res, ApiError{401,
+                          "invalid_request_error",
                           req.has_header("Authorization") ? "Incorrect API key provided."
                                                           : "Missing API key: send "
                                                             "'Authorization: Bearer KEY'.",
-                          {}, "invalid_api_key"});
+                          {},
+                          "invalid_api_key"});
   return false;
 }
 
@@ -53,9 +58,11 @@ void Server::Routes() {
       return httplib::Server::HandlerResponse::Handled;
     }
     if (req.path != "/health" && req.path != "/metrics" && (!ready_ || stopping_)) {
-      SendError(res, ApiError{503, "server_error",
+      SendError(res, ApiError{503,
+                              "server_error",
                               stopping_ ? "The server is shutting down." : "The model is loading.",
-                              {}, {}});
+                              {},
+                              {}});
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -96,31 +103,32 @@ void Server::Routes() {
 }
 
 void Server::Models(httplib::Response& res) const {
-  const nlohmann::json model = {
-      {"id", model_id_},
-      {"object", "model"},
-      {"created", 0},
-      {"owned_by", "kvserve"},
-      {"meta",
-       {{"n_vocab", model_->n_vocab()},
-        {"n_ctx", engine_->options().n_ctx},
-        {"n_ctx_train", model_->n_ctx_train()},
-        {"chat_template", ChatFormatName(chat_format_)}}}};
+  const nlohmann::json model = {{"id", model_id_},
+                                {"object", "model"},
+                                {"created", 0},
+                                {"owned_by", "kvserve"},
+                                {"meta",
+                                 {{"n_vocab", model_->n_vocab()},
+                                  {"n_ctx", engine_->options().n_ctx},
+                                  {"n_ctx_train", model_->n_ctx_train()},
+                                  {"chat_template", ChatFormatName(chat_format_)}}}};
   res.set_content(Dump(nlohmann::json{{"object", "list"}, {"data", {model}}}), "application/json");
 }
 
 void Server::Completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    return SendError(res, ApiError{400, "invalid_request_error",
-                                   "The request body is not valid JSON.", {}, {}});
+    return SendError(
+        res, ApiError{400, "invalid_request_error", "The request body is not valid JSON.", {}, {}});
   }
   CompletionRequest request;
   if (auto err = ParseCompletionRequest(body, chat, &request)) return SendError(res, *err);
   if (!request.model.empty() && request.model != model_id_) {
     return SendError(res, ApiError{404, "invalid_request_error",
-                                   "The model '" + request.model + "' does not exist; this "
-                                   "server has '" + model_id_ + "'.",
+                                   "The model '" + request.model +
+                                       "' does not exist; this "
+                                       "server has '" +
+                                       model_id_ + "'.",
                                    "model", "model_not_found"});
   }
   std::vector<int32_t> prompt;
@@ -134,19 +142,21 @@ void Server::Completion(const httplib::Request& req, httplib::Response& res, boo
   }
   const int32_t n_ctx = engine_->options().n_ctx;
   if (static_cast<int64_t>(prompt.size()) >= n_ctx) {
-    return SendError(res, ApiError{400, "invalid_request_error",
-                                   "This model's maximum context length is " +
-                                       std::to_string(n_ctx) + " tokens; the prompt has " +
-                                       std::to_string(prompt.size()) + ".",
-                                   chat ? "messages" : "prompt", "context_length_exceeded"});
+    return SendError(res,
+                     ApiError{400, "invalid_request_error",
+                              "This model's maximum context length is " + std::to_string(n_ctx) +
+                                  " tokens; the prompt has " + std::to_string(prompt.size()) + ".",
+                              chat ? "messages" : "prompt", "context_length_exceeded"});
   }
   const int64_t limit = engine_->options().n_parallel + options_.max_queue;
   if (in_flight_.fetch_add(1) >= limit) {
     in_flight_.fetch_sub(1);
-    return SendError(res, ApiError{503, "server_error",
+    return SendError(res, ApiError{503,
+                                   "server_error",
                                    "The server is overloaded (" + std::to_string(limit) +
                                        " requests in flight); retry later.",
-                                   {}, "overloaded"});
+                                   {},
+                                   "overloaded"});
   }
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
   auto call = std::make_shared<CompletionCall>(request, id, model_id_,
@@ -226,9 +236,10 @@ Status Server::Load() {
   const int64_t positions = static_cast<int64_t>(s.kv_blocks_total) * s.block_size;
   if (positions < eo.n_ctx) {
     engine_.reset();
-    return Status::Error(StrFormat("--kv-memory holds %lld positions, fewer than one full context "
-                                   "(-c %d); raise --kv-memory or lower -c",
-                                   static_cast<long long>(positions), eo.n_ctx));
+    return Status::Error(
+        StrFormat("--kv-memory holds %lld positions, fewer than one full context "
+                  "(-c %d); raise --kv-memory or lower -c",
+                  static_cast<long long>(positions), eo.n_ctx));
   }
   ready_ = true;
   return Status::Ok();

@@ -30,17 +30,17 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
     }
     *out += line;
   }
-  std::snprintf(line, sizeof line, "%s_sum %.9g\n%s_count %llu\n", name.c_str(), sum_,
-                name.c_str(), static_cast<unsigned long long>(count_));
+  std::snprintf(line, sizeof line, "%s_sum %.9g\n%s_count %llu\n", name.c_str(), sum_, name.c_str(),
+                static_cast<unsigned long long>(count_));
   *out += line;
 }
 
 Metrics::Metrics()
-    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-             7.5, 10.0, 20.0, 40.0, 80.0}),
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+             10.0, 20.0, 40.0, 80.0}),
       tpot_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0}),
-      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-            120.0, 240.0}) {}
+      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+            240.0}) {}
 
 void Metrics::RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double ttft_s,
                             double e2e_s, bool ok) {
@@ -62,8 +62,9 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
   std::string out;
   char line[512];
   auto gauge = [&](const char* name, const char* type, const char* help, double v) {
-    std::snprintf(line, sizeof line, "# HELP kvserve:%s %s\n# TYPE kvserve:%s %s\nkvserve:%s %.9g\n",
-                  name, help, name, type, name, v);
+    std::snprintf(line, sizeof line,
+                  "# HELP kvserve:%s %s\n# TYPE kvserve:%s %s\nkvserve:%s %.9g\n", name, help, name,
+                  type, name, v);
     out += line;
   };
   const double usage =
@@ -77,7 +78,8 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
         static_cast<double>(prompt_tokens_));
   gauge("generation_tokens_total", "counter", "Generated tokens of finished requests.",
         static_cast<double>(generation_tokens_));
-  gauge("request_success_total", "counter", "Requests answered.", static_cast<double>(requests_ok_));
+  gauge("request_success_total", "counter", "Requests answered.",
+        static_cast<double>(requests_ok_));
   gauge("request_failure_total", "counter", "Requests that failed or were cancelled.",
         static_cast<double>(requests_failed_));
   gauge("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",

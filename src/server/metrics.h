@@ -28,8 +28,8 @@ class Histogram {
 class Metrics {
  public:
   Metrics();
-  void RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double ttft_s,
-                     double e2e_s, bool ok);
+  void RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double ttft_s, double e2e_s,
+                     bool ok);
   void RecordInterTokenGap(double seconds);  // time per output token, one per gap
   std::string Render(const kvserve::EngineStats& engine, const std::string& model) const;
 

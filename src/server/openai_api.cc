@@ -71,8 +71,9 @@ std::optional<ApiError> ParseMessages(const nlohmann::json& body, CompletionRequ
         const auto text = part.is_object() ? part.find("text") : part.end();
         if (!part.is_object() || type == part.end() || !type->is_string() || *type != "text" ||
             text == part.end() || !text->is_string()) {
-          return Bad("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) "
-                                 "are supported");
+          return Bad("messages",
+                     "only text content parts ({\"type\": \"text\", \"text\": ...}) "
+                     "are supported");
         }
         content += text->get<std::string>();
       }
@@ -98,14 +99,15 @@ std::optional<ApiError> ParsePrompt(const nlohmann::json& body, CompletionReques
   if (it->is_array() && !it->empty()) {
     for (const nlohmann::json& t : *it) {
       if (!t.is_number_integer()) {
-        return Bad("prompt", "'prompt' must be a string or an array of token ids "
-                             "(several prompts per request are not supported)");
+        return Bad("prompt",
+                   "'prompt' must be a string or an array of token ids "
+                   "(several prompts per request are not supported)");
       }
       // Unsigned values past int64 read as huge; range-check before narrowing.
-      const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX
-                             ? int64_t{-1}
-                             : t.get<int64_t>();
-      if (id < 0 || id > INT32_MAX) return Bad("prompt", "token id " + t.dump() + " is out of range");
+      const int64_t id =
+          t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX ? int64_t{-1} : t.get<int64_t>();
+      if (id < 0 || id > INT32_MAX)
+        return Bad("prompt", "token id " + t.dump() + " is out of range");
       out->prompt_ids.push_back(static_cast<int32_t>(id));
     }
     return std::nullopt;
@@ -193,7 +195,8 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
 nlohmann::json ChatLogprobEntry(const kvserve::TokenEvent& e, const std::string& text) {
   nlohmann::json top = nlohmann::json::array();
   for (const auto& alt : e.top_logprobs) {
-    top.push_back({{"token", alt.text}, {"logprob", alt.logprob}, {"bytes", nlohmann::json::array()}});
+    top.push_back(
+        {{"token", alt.text}, {"logprob", alt.logprob}, {"bytes", nlohmann::json::array()}});
     for (unsigned char ch : alt.text) top.back()["bytes"].push_back(ch);
   }
   nlohmann::json bytes = nlohmann::json::array();

@@ -18,8 +18,8 @@ struct ApiError {
   int status = 400;
   std::string type = "invalid_request_error";
   std::string message;
-  std::string param;   // the offending parameter, if one
-  std::string code;    // e.g. "model_not_found", "context_length_exceeded"
+  std::string param;  // the offending parameter, if one
+  std::string code;   // e.g. "model_not_found", "context_length_exceeded"
 };
 nlohmann::json ErrorJson(const ApiError& e);
 // JSON text for a client; invalid UTF-8 (from a model's bytes or a client's path) becomes
@@ -31,8 +31,8 @@ inline std::string Dump(const nlohmann::json& j) {
 struct CompletionRequest {
   bool chat = false;
   std::string model;
-  std::string prompt_text;           // completions: a string prompt
-  std::vector<int32_t> prompt_ids;   // completions: a token-array prompt
+  std::string prompt_text;            // completions: a string prompt
+  std::vector<int32_t> prompt_ids;    // completions: a token-array prompt
   std::vector<ChatMessage> messages;  // chat
   kvserve::GenerationOptions gen;
   std::vector<std::string> stop;  // stop strings (up to 4)
