@@ -2,13 +2,11 @@
 // streaming detokenization per choice.
 #include "kvserve/kvserve.h"
 
-#include <unistd.h>
-
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <mutex>
 
+#include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
 #include "engine/model_runner.h"
@@ -77,17 +75,6 @@ int64_t Model::kv_bytes_per_token() const {
 
 namespace {
 
-int64_t AvailableRamBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-}
-
 // What a cached block's KV depends on besides its tokens: the model's weights and the KV types.
 std::string ModelFingerprint(const kvs::Model& m) {
   const kvs::ModelConfig& c = m.config();
@@ -153,7 +140,7 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   EngineOptions& o = impl->options;
   const int64_t block_bytes = static_cast<int64_t>(geometry.BytesPerBlock());
   const int64_t blocks_per_seq = (int64_t{o.n_ctx} + o.block_size - 1) / o.block_size;
-  const int64_t available = AvailableRamBytes();
+  const int64_t available = kvs::AvailableRamBytes();
   if (o.kv_memory_bytes <= 0) {
     // n_parallel full sequences, the null block, and the 1% admission watermark on top.
     const double blocks =

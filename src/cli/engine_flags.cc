@@ -1,22 +1,11 @@
 #include "cli/engine_flags.h"
 
 #include <cmath>
-#include <fstream>
 
+#include "core/memory_info.h"
 #include "core/thread_pool.h"
 
 namespace kvs::cli {
-namespace {
-int64_t AvailableRam() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-}  // namespace
 
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   kvserve::EngineOptions& o = f->options;
@@ -68,7 +57,7 @@ bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error
     scale = 1024.0 * 1024 * 1024;
   } else if (unit == "%") {
     if (value > 100) used = 0;
-    scale = AvailableRam() / 100.0;
+    scale = AvailableRamBytes() / 100.0;
   }
   if (used == 0 || scale == 0 || !std::isfinite(value) || value <= 0 || value * scale > 1e15) {
     *error = "--kv-memory '" + text +
