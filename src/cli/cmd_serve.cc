@@ -49,8 +49,14 @@ int RunServe(ServeArgs a) {
     server.Stop();
     return 1;
   }
-  std::fprintf(stderr, "kvserve: serving model '%s' (-np %d, -c %d); Ctrl-C stops\n",
-               server.model_id().c_str(), a.engine.options.n_parallel, a.engine.options.n_ctx);
+  const kvserve::EngineStats kv = server.stats();
+  const kvserve::EngineOptions& eo = server.engine_options();
+  std::fprintf(stderr,
+               "kvserve: serving model '%s' (-np %d, -c %d); KV cache %.1f MiB: %d blocks of %d "
+               "positions = %lld tokens; Ctrl-C stops\n",
+               server.model_id().c_str(), eo.n_parallel, eo.n_ctx,
+               eo.kv_memory_bytes / double(1 << 20), kv.kv_blocks_total, kv.block_size,
+               static_cast<long long>(kv.kv_blocks_total) * kv.block_size);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "kvserve: %s: stopping (running requests are cancelled)\n",

@@ -48,6 +48,9 @@ class Server {
   void Stop();
   bool running() const { return listening_.load(); }
   const std::string& model_id() const { return model_id_; }
+  // The engine's KV pool and load (after Load).
+  kvserve::EngineStats stats() const { return ready_ ? engine_->stats() : kvserve::EngineStats{}; }
+  const kvserve::EngineOptions& engine_options() const { return engine_->options(); }
 
  private:
   void Routes();
