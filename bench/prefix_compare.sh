@@ -12,20 +12,7 @@ cd "$(dirname "$0")/.."
 [[ $# -ge 1 ]] || { echo "usage: $0 MODEL.gguf [PREFIX]" >&2; exit 2; }
 MODEL=$1 PREFIX=${2:-2000}
 THREADS=${THREADS:-2} NP=16 CTX=2560
-PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
-TMP=$(mktemp -d)
-SERVER=
-cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_ready() {
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-    kill -0 "$SERVER" 2>/dev/null || { echo "server died" >&2; return 1; }
-    sleep 0.2
-  done
-  return 1
-}
+. bench/server_lib.sh
 load() {  # $1 label, $2 port
   build/kvserve bench serve --url "http://127.0.0.1:$2" --workload shared-prefix --prefix-tokens "$PREFIX" \
     --requests 32 --concurrency 4 --prompt-tokens 32 --gen-tokens 32 --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/r.jsonl"

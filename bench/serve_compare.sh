@@ -10,20 +10,7 @@ cd "$(dirname "$0")/.."
 [[ $# -ge 1 ]] || { echo "usage: $0 MODEL.gguf [CONCURRENCY_LIST] [NP] [PROMPT] [GEN]" >&2; exit 2; }
 MODEL=$1 CLIST=${2:-1,4,16,64} NP=${3:-16} PROMPT=${4:-128} GEN=${5:-128}
 THREADS=${THREADS:-2}
-PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
-TMP=$(mktemp -d)
-SERVER=
-cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_ready() {
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-    kill -0 "$SERVER" 2>/dev/null || { echo "server died" >&2; return 1; }
-    sleep 0.2
-  done
-  return 1
-}
+. bench/server_lib.sh
 run_load() {  # $1 engine label, $2 port
   for c in ${CLIST//,/ }; do
     n=$(( c > 8 ? c : 8 )); [ "$c" -eq 16 ] && n=32

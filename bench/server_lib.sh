@@ -1,0 +1,16 @@
+# Shared by the server comparisons (source it): a temp dir, the server's pid in SERVER (killed
+# on exit), a free loopback port, and waiting until a server's /health says ok.
+PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
+TMP=$(mktemp -d)
+SERVER=
+cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ready() {  # $1 port
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+    kill -0 "$SERVER" 2>/dev/null || { echo "server died" >&2; return 1; }
+    sleep 0.2
+  done
+  return 1
+}
