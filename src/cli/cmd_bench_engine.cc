@@ -245,11 +245,8 @@ struct ThroughputArgs {
 int RunThroughput(ThroughputArgs a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
+  if (!ResolveKvMemory(&a.engine)) return 1;
   std::string error;
-  if (!ResolveKvMemory(&a.engine, &error)) {
-    std::fprintf(stderr, "error: %s\n", error.c_str());
-    return 1;
-  }
   auto model = kvserve::Model::Load(path, &error);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", error.c_str());

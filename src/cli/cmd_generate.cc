@@ -32,11 +32,8 @@ int RunGenerate(GenerateArgs a) {
   if (!ResolveModelPath(model_path)) return 1;
   std::string prompt = a.prompt;
   if (!a.prompt_file.empty() && !ReadTextFile(a.prompt_file, &prompt)) return 1;
+  if (!ResolveKvMemory(&a.engine)) return 1;
   std::string error;
-  if (!ResolveKvMemory(&a.engine, &error)) {
-    std::fprintf(stderr, "error: %s\n", error.c_str());
-    return 1;
-  }
   std::shared_ptr<kvserve::Model> model = kvserve::Model::Load(model_path, &error);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", error.c_str());

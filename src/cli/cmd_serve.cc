@@ -20,11 +20,7 @@ struct ServeArgs {
 int RunServe(ServeArgs a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
-  std::string error;
-  if (!ResolveKvMemory(&a.engine, &error)) {
-    std::fprintf(stderr, "error: %s\n", error.c_str());
-    return 1;
-  }
+  if (!ResolveKvMemory(&a.engine)) return 1;
   // Signals are taken by sigwait below, never by a handler on a random thread; every thread
   // started from here on inherits the mask. A vanished client must not kill the process.
   sigset_t stop_signals;

@@ -1,6 +1,7 @@
 #include "cli/engine_flags.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
@@ -68,9 +69,12 @@ bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error
   return true;
 }
 
-bool ResolveKvMemory(EngineFlags* f, std::string* error) {
+bool ResolveKvMemory(EngineFlags* f) {
   if (f->kv_memory.empty()) return true;
-  return ParseMemorySize(f->kv_memory, &f->options.kv_memory_bytes, error);
+  std::string error;
+  if (ParseMemorySize(f->kv_memory, &f->options.kv_memory_bytes, &error)) return true;
+  std::fprintf(stderr, "error: %s\n", error.c_str());
+  return false;
 }
 
 }  // namespace kvs::cli

@@ -18,8 +18,9 @@ struct EngineFlags {
 // Registers the flags on cmd; default_parallel is -np's default for this command.
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, int32_t default_parallel);
 
-// Turns --kv-memory into bytes (0 when unset); false with *error when it does not parse.
-bool ResolveKvMemory(EngineFlags* flags, std::string* error);
+// Turns --kv-memory into bytes (0 when unset); false, with the error on stderr, when it does
+// not parse.
+bool ResolveKvMemory(EngineFlags* flags);
 
 // "512M", "2GiB", "1e9", "25%" (of the available RAM) -> bytes; false when malformed.
 bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error);

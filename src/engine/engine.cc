@@ -241,9 +241,9 @@ Status Engine::Step(EngineStepStats* stats) {
   logits_.resize(static_cast<size_t>(n_sampling) * runner_.n_vocab());
   const Status status = runner_.Execute(StepInput{plan.runs, copies_, &kv_}, logits_.data());
   if (!status.ok()) {
-    for (const ScheduledRun& r : plan.runs) {
-      if (sequences_.contains(r.seq->id)) Finish(r.seq, FinishReason::kError, -1, status.message());
-    }
+    // Each sequence is in a plan once, so every r.seq is still alive here.
+    for (const ScheduledRun& r : plan.runs)
+      Finish(r.seq, FinishReason::kError, -1, status.message());
     return status;
   }
   if (stats) {
