@@ -11,25 +11,30 @@
 
 #include "kernels/attention.h"
 #include "kernels/kv_layer.h"
+#include "kernels/kv_quant.h"
 
 namespace kvs {
 namespace {
 
-// One KV head in a pool of blocks whose physical order is shuffled, as a paged cache's is.
-// Slots past n_written hold NaN: the kernel must never let them reach an output.
+// One KV head in a pool of blocks whose physical order is shuffled, as a paged cache's is, in
+// any K/V types. Blocks the head does not use hold 0xff bytes (NaN in the float types): the
+// kernel must never let them reach an output. `keys`/`values` keep the unquantized data.
 struct TestHead {
   int32_t hk, hv;
-  std::vector<float> k_pool, v_pool;
+  KvType k_type, v_type;
+  std::vector<uint8_t> k_pool, v_pool;
   std::vector<int32_t> ids;
+  std::vector<std::vector<float>> keys, values;  // [pos][dim]
   KvHeadView view;
 
-  TestHead(int32_t hk_, int32_t hv_, int32_t n_written, uint32_t seed, float key_scale = 1.0f)
-      : hk(hk_), hv(hv_) {
+  TestHead(int32_t hk_, int32_t hv_, int32_t n_written, uint32_t seed, float key_scale = 1.0f,
+           KvType k_type_ = KvType::kF32, KvType v_type_ = KvType::kF32)
+      : hk(hk_), hv(hv_), k_type(k_type_), v_type(v_type_) {
     const int32_t n_blocks = (n_written + kKvBlockTokens - 1) / kKvBlockTokens;
     const int32_t pool_blocks = n_blocks + 3;  // spare blocks the head does not use
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    k_pool.assign(static_cast<size_t>(pool_blocks) * hk * kKvBlockTokens, nan);
-    v_pool.assign(static_cast<size_t>(pool_blocks) * hv * kKvBlockTokens, nan);
+    const size_t k_bytes = KvHeadBlockBytes(k_type, hk), v_bytes = KvHeadBlockBytes(v_type, hv);
+    k_pool.assign(pool_blocks * k_bytes, 0xff);
+    v_pool.assign(pool_blocks * v_bytes, 0xff);
     ids.resize(pool_blocks);
     std::iota(ids.begin(), ids.end(), 0);
     std::mt19937 rng(seed);
@@ -37,45 +42,73 @@ struct TestHead {
     ids.resize(n_blocks);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (int32_t pos = 0; pos < n_written; ++pos) {
-      const size_t block = static_cast<size_t>(ids[pos / kKvBlockTokens]);
-      for (int32_t d = 0; d < hk; ++d) {
-        k_pool[block * hk * kKvBlockTokens + d * kKvBlockTokens + pos % kKvBlockTokens] =
-            key_scale * dist(rng);
-      }
-      for (int32_t d = 0; d < hv; ++d) {
-        v_pool[block * hv * kKvBlockTokens + (pos % kKvBlockTokens) * hv + d] = dist(rng);
-      }
+      keys.emplace_back(hk);
+      values.emplace_back(hv);
+      for (float& x : keys.back()) x = key_scale * dist(rng);
+      for (float& x : values.back()) x = dist(rng);
     }
-    view = KvHeadView{k_pool.data(), v_pool.data(), static_cast<size_t>(hk) * kKvBlockTokens,
-                      static_cast<size_t>(hv) * kKvBlockTokens, ids.data()};
+    Rewrite();
+    view = KvHeadView{k_pool.data(), v_pool.data(), k_bytes, v_bytes, ids.data(), k_type, v_type};
+  }
+  // Stores keys/values (again) into the pool.
+  void Rewrite() {
+    const size_t k_bytes = KvHeadBlockBytes(k_type, hk), v_bytes = KvHeadBlockBytes(v_type, hv);
+    for (int32_t pos = 0; pos < static_cast<int32_t>(keys.size()); ++pos) {
+      const size_t block = static_cast<size_t>(ids[pos / kKvBlockTokens]);
+      StoreKey(k_type, k_pool.data() + block * k_bytes, hk, pos % kKvBlockTokens, keys[pos].data());
+      StoreValue(v_type, v_pool.data() + block * v_bytes, hv, pos % kKvBlockTokens,
+                 values[pos].data());
+    }
   }
 };
 
-// Runs both implementations on queries with the given key counts; returns the largest error.
+struct Queries {
+  std::vector<float> q;
+  std::vector<const float*> qp;
+  Queries(int n, int32_t hk, uint32_t seed, float q_scale) : q(static_cast<size_t>(n) * hk), qp(n) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, q_scale);
+    for (float& x : q) x = dist(rng);
+    for (int i = 0; i < n; ++i) qp[i] = q.data() + static_cast<size_t>(i) * hk;
+  }
+};
+
+// The largest difference between two attention runs over the same queries.
+template <typename RunA, typename RunB>
+double MaxDifference(int n, int32_t hv, const RunA& run_a, const RunB& run_b) {
+  std::vector<float> a(static_cast<size_t>(n) * hv, -1.0f), b(a.size(), -2.0f);
+  std::vector<float*> ap(n), bp(n);
+  for (int i = 0; i < n; ++i) {
+    ap[i] = a.data() + static_cast<size_t>(i) * hv;
+    bp[i] = b.data() + static_cast<size_t>(i) * hv;
+  }
+  run_a(ap.data());
+  run_b(bp.data());
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i]))
+      return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  return worst;
+}
+
+AttentionShape ShapeOf(const TestHead& head) {
+  return AttentionShape{head.hk, head.hv, 1.0f / std::sqrt(static_cast<float>(head.hk))};
+}
+
+// Runs the kernel and its scalar twin on queries with the given key counts; the largest error.
 double MaxError(const TestHead& head, const std::vector<int32_t>& n_keys, uint32_t seed,
                 float q_scale = 1.0f) {
   const int n = static_cast<int>(n_keys.size());
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, q_scale);
-  std::vector<float> q(static_cast<size_t>(n) * head.hk);
-  for (float& x : q) x = dist(rng);
-  std::vector<float> out(static_cast<size_t>(n) * head.hv, -1.0f), ref(out.size(), -2.0f);
-  std::vector<const float*> qp(n);
-  std::vector<float*> op(n), rp(n);
-  for (int i = 0; i < n; ++i) {
-    qp[i] = q.data() + static_cast<size_t>(i) * head.hk;
-    op[i] = out.data() + static_cast<size_t>(i) * head.hv;
-    rp[i] = ref.data() + static_cast<size_t>(i) * head.hv;
-  }
-  const AttentionShape shape{head.hk, head.hv, 1.0f / std::sqrt(static_cast<float>(head.hk))};
-  Attend(shape, head.view, qp.data(), n_keys.data(), n, op.data());
-  AttendReference(shape, head.view, qp.data(), n_keys.data(), n, rp.data());
-  double worst = 0.0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) return std::numeric_limits<double>::infinity();
-    worst = std::max(worst, std::fabs(static_cast<double>(out[i]) - ref[i]));
-  }
-  return worst;
+  const Queries q(n, head.hk, seed, q_scale);
+  const AttentionShape shape = ShapeOf(head);
+  return MaxDifference(
+      n, head.hv,
+      [&](float* const* out) { Attend(shape, head.view, q.qp.data(), n_keys.data(), n, out); },
+      [&](float* const* out) {
+        AttendReference(shape, head.view, q.qp.data(), n_keys.data(), n, out);
+      });
 }
 
 // Outputs are convex combinations of N(0, 1) values, so an absolute bound is a relative one.
@@ -113,9 +146,8 @@ TEST(Attention, StableForPeakedScores) {
 
 TEST(Attention, EqualKeysAverageTheValues) {
   TestHead head(16, 16, 40, 9);
-  for (size_t i = 0; i < head.k_pool.size(); ++i) {
-    if (!std::isnan(head.k_pool[i])) head.k_pool[i] = 0.5f;
-  }
+  for (std::vector<float>& key : head.keys) std::fill(key.begin(), key.end(), 0.5f);
+  head.Rewrite();
   const std::vector<float> q(16, 1.0f);
   const float* qp = q.data();
   std::vector<float> out(16);
@@ -124,51 +156,123 @@ TEST(Attention, EqualKeysAverageTheValues) {
   Attend(AttentionShape{16, 16, 0.25f}, head.view, &qp, &n_keys, 1, &op);
   for (int32_t d = 0; d < 16; ++d) {
     double mean = 0.0;
-    for (int32_t pos = 0; pos < n_keys; ++pos) {
-      const size_t block = static_cast<size_t>(head.ids[pos / kKvBlockTokens]);
-      mean += head.v_pool[block * 16 * kKvBlockTokens + (pos % kKvBlockTokens) * 16 + d];
-    }
+    for (int32_t pos = 0; pos < n_keys; ++pos) mean += head.values[pos][d];
     EXPECT_NEAR(out[d], mean / n_keys, 1e-5) << "dim " << d;
   }
 }
 
 // WriteKv puts a position's keys and values where a head view over the block list reads them,
-// for pool blocks of several kernel blocks too; CopyKvBlocks moves whole blocks.
+// for pool blocks of several kernel blocks too; CopyKvBlocks moves whole blocks. Float types are
+// read back exactly; quantized ones as the same vector stored alone in a head block reads.
 TEST(KvLayer, WriteThenReadThroughHeadViewsAndCopy) {
-  const int32_t n_head_kv = 3, hk = 8, hv = 5, n_blocks = 6;
-  std::vector<float> k(n_blocks * n_head_kv * hk * kKvBlockTokens, -1.f);
-  std::vector<float> v(n_blocks * n_head_kv * hv * kKvBlockTokens, -1.f);
-  KvLayerView layer{k.data(), v.data(), n_head_kv, hk, hv};
-  auto key = [](int32_t pos, int32_t h, int32_t d) { return pos * 1000.f + h * 100.f + d; };
-  auto value = [](int32_t pos, int32_t h, int32_t d) { return -(pos * 1000.f + h * 100.f + d); };
-  // A sequence of 40 positions over kernel blocks 4, 1, 3 (slots 64.., 16.., 48..).
-  const std::vector<int32_t> blocks = {4, 1, 3};
-  for (int32_t pos = 0; pos < 40; ++pos) {
-    std::vector<float> kp(n_head_kv * hk), vp(n_head_kv * hv);
-    for (int32_t h = 0; h < n_head_kv; ++h) {
-      for (int32_t d = 0; d < hk; ++d) kp[h * hk + d] = key(pos, h, d);
-      for (int32_t d = 0; d < hv; ++d) vp[h * hv + d] = value(pos, h, d);
-    }
-    const int64_t slot =
-        int64_t{blocks[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens;
-    WriteKv(layer, slot, kp.data(), vp.data());
-  }
-  for (int32_t h = 0; h < n_head_kv; ++h) {
-    const KvHeadView view = layer.Head(h, blocks.data());
+  struct Case {
+    KvType k_type, v_type;
+    int32_t hv;
+  };
+  for (const Case& c :
+       {Case{KvType::kF32, KvType::kF32, 5}, Case{KvType::kTurbo3, KvType::kQ4_0, 16},
+        Case{KvType::kQ8_0, KvType::kFp8, 8}}) {
+    SCOPED_TRACE(std::string(KvTypeName(c.k_type)) + "/" + std::string(KvTypeName(c.v_type)));
+    const int32_t n_head_kv = 3, hk = 8, hv = c.hv, n_blocks = 6;
+    KvLayerView layer;
+    layer.n_head_kv = n_head_kv;
+    layer.head_dim_k = hk;
+    layer.head_dim_v = hv;
+    layer.k_type = c.k_type;
+    layer.v_type = c.v_type;
+    std::vector<uint8_t> k(n_blocks * layer.k_block_stride()), v(n_blocks * layer.v_block_stride());
+    layer.k = k.data();
+    layer.v = v.data();
+    auto key = [](int32_t pos, int32_t h, int32_t d) { return pos * 10.f + h * 1.f + d * 0.1f; };
+    auto value = [](int32_t pos, int32_t h, int32_t d) { return -(pos * 10.f + h * 1.f + d); };
+    auto key_vec = [&](int32_t pos, int32_t h) {
+      std::vector<float> x(hk);
+      for (int32_t d = 0; d < hk; ++d) x[d] = key(pos, h, d);
+      return x;
+    };
+    auto value_vec = [&](int32_t pos, int32_t h) {
+      std::vector<float> x(hv);
+      for (int32_t d = 0; d < hv; ++d) x[d] = value(pos, h, d);
+      return x;
+    };
+    // A sequence of 40 positions over kernel blocks 4, 1, 3 (slots 64.., 16.., 48..).
+    const std::vector<int32_t> blocks = {4, 1, 3};
     for (int32_t pos = 0; pos < 40; ++pos) {
-      const float* kb = KeyBlock(view, pos / kKvBlockTokens);
-      const float* vb = ValueBlock(view, pos / kKvBlockTokens);
+      std::vector<float> kp, vp;
+      for (int32_t h = 0; h < n_head_kv; ++h) {
+        const std::vector<float> kh = key_vec(pos, h), vh = value_vec(pos, h);
+        kp.insert(kp.end(), kh.begin(), kh.end());
+        vp.insert(vp.end(), vh.begin(), vh.end());
+      }
+      const int64_t slot =
+          int64_t{blocks[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens;
+      WriteKv(layer, slot, kp.data(), vp.data());
+    }
+    // What position pos of head h reads as, from a head block of its own.
+    auto expect_at = [&](const KvHeadView& view, int32_t logical_block, int32_t pos, int32_t h) {
       const int32_t j = pos % kKvBlockTokens;
-      for (int32_t d = 0; d < hk; ++d) ASSERT_EQ(kb[d * kKvBlockTokens + j], key(pos, h, d));
-      for (int32_t d = 0; d < hv; ++d) ASSERT_EQ(vb[j * hv + d], value(pos, h, d));
+      std::vector<uint8_t> kb(layer.k_head_bytes()), vb(layer.v_head_bytes());
+      StoreKey(c.k_type, kb.data(), hk, j, key_vec(pos, h).data());
+      StoreValue(c.v_type, vb.data(), hv, j, value_vec(pos, h).data());
+      for (int32_t d = 0; d < hk; ++d) {
+        const float got = LoadKey(c.k_type, KeyBlock(view, logical_block), hk, d, j);
+        ASSERT_EQ(got, LoadKey(c.k_type, kb.data(), hk, d, j));
+        if (c.k_type == KvType::kF32) {
+          ASSERT_EQ(got, key(pos, h, d));
+        }
+      }
+      for (int32_t d = 0; d < hv; ++d) {
+        const float got = LoadValue(c.v_type, ValueBlock(view, logical_block), hv, j, d);
+        ASSERT_EQ(got, LoadValue(c.v_type, vb.data(), hv, j, d));
+        if (c.v_type == KvType::kF32) {
+          ASSERT_EQ(got, value(pos, h, d));
+        }
+      }
+    };
+    for (int32_t h = 0; h < n_head_kv; ++h) {
+      const KvHeadView view = layer.Head(h, blocks.data());
+      for (int32_t pos = 0; pos < 40; ++pos) expect_at(view, pos / kKvBlockTokens, pos, h);
+    }
+    // Copy kernel blocks 3..4 (positions 32..39 and 0..15) onto 0..1 and read them there.
+    CopyKvBlocks(layer, 3, 0, 2);
+    const std::vector<int32_t> copied = {1, 0};  // block 1 now holds positions 0..15
+    const KvHeadView view = layer.Head(2, copied.data());
+    expect_at(view, 0, 7, 2);
+    expect_at(view, 1, 36, 2);
+  }
+}
+
+// Every K/V type pair: the kernel against its scalar twin (same stored codes), and against f32
+// attention over the unquantized data (the error the types make).
+TEST(Attention, QuantizedTypesMatchScalarTwinAndStayNearF32) {
+  const std::vector<int32_t> n_keys = {1, 40, 17, 300, 299, 100};
+  for (KvType kt : kAllKvTypes) {
+    for (KvType vt : kAllKvTypes) {
+      for (auto [hk, hv] : {std::pair{8, 8}, std::pair{64, 64}, std::pair{128, 80}}) {
+        SCOPED_TRACE(std::string(KvTypeName(kt)) + "/" + std::string(KvTypeName(vt)) + " hk " +
+                     std::to_string(hk) + " hv " + std::to_string(hv));
+        const uint32_t seed = static_cast<uint32_t>(hk * 131 + hv);
+        TestHead head(hk, hv, 300, seed, 1.0f, kt, vt);
+        TestHead exact(hk, hv, 300, seed);  // same data, same block ids, f32
+        EXPECT_LT(MaxError(head, n_keys, seed + 1), 1e-4);
+        const Queries q(static_cast<int>(n_keys.size()), hk, seed + 2, 1.5f);
+        const AttentionShape shape = ShapeOf(head);
+        const double err = MaxDifference(
+            static_cast<int>(n_keys.size()), hv,
+            [&](float* const* out) {
+              Attend(shape, head.view, q.qp.data(), n_keys.data(), n_keys.size(), out);
+            },
+            [&](float* const* out) {
+              AttendReference(shape, exact.view, q.qp.data(), n_keys.data(), n_keys.size(), out);
+            });
+        // Outputs are weighted means of N(0, 1) values: errors of the order of the types' own
+        // relative error, largest where a query sees one key (its value read back directly).
+        const int32_t bits = std::min(KvCodeBits(kt), KvCodeBits(vt));
+        const double bound = bits >= 16 ? 0.02 : bits == 8 ? 0.15 : bits == 4 ? 0.8 : 1.2;
+        EXPECT_LT(err, bound);
+      }
     }
   }
-  // Copy kernel blocks 3..4 (positions 32..39 and 0..15) onto 0..1 and read them there.
-  CopyKvBlocks(layer, 3, 0, 2);
-  const std::vector<int32_t> copied = {1, 0};  // block 1 now holds positions 0..15
-  const KvHeadView view = layer.Head(2, copied.data());
-  EXPECT_EQ(KeyBlock(view, 0)[3 * kKvBlockTokens + 7], key(7, 2, 3));
-  EXPECT_EQ(ValueBlock(view, 1)[4 * hv + 1], value(36, 2, 1));
 }
 
 }  // namespace

@@ -75,14 +75,32 @@ out=$("$BIN" tokenize -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf" -p "Hell
 [ "$out" = "1 15043 3186" ] && pass "tokenize adds BOS" || fail "tokenize gave '$out'"
 
 # inspect
-"$BIN" inspect "$S" >"$TMP/inspect" 2>&1 && grep -q "llama.embedding_length" "$TMP/inspect" &&
-  grep -q "KV cache per token" "$TMP/inspect" && pass "inspect" || fail "inspect"
+"$BIN" inspect "$S" --kv-memory 64M >"$TMP/inspect" 2>&1 && grep -q "llama.embedding_length" "$TMP/inspect" &&
+  grep -Eq "^ +q8_0 +10.00 +400.00 B +167744 +1.60x" "$TMP/inspect" &&
+  grep -Eq "^ +turbo3 +5.00 " "$TMP/inspect" && pass "inspect: KV types and tokens that fit" ||
+  fail "inspect: $(grep -A3 'KV cache by type' "$TMP/inspect")"
+
+# KV cache types: a bad name and a head size a type cannot hold are clear errors.
+expect_error "bad --cache-type-k" "valid: f32, f16" "$BIN" generate -m "$S" -p hi -n 2 -ctk q5_9
+expect_error "bad -ctv in perplexity" "unknown KV cache type" "$BIN" perplexity -m "$S" -f /dev/null -ctv nope
+out=$("$BIN" generate -m "$S" -p "Once upon a time" -n 24 --temp 0 -ctk q8_0 -ctv q8_0 2>/dev/null)
+ref=$("$BIN" generate -m "$S" -p "Once upon a time" -n 24 --temp 0 -ctk f32 -ctv f32 2>/dev/null)
+if [ -n "$out" ] && [ "$out" = "$ref" ]; then pass "generate -ctk q8_0 -ctv q8_0 keeps the greedy story";
+else fail "q8_0 KV changed the greedy story: '$out' vs '$ref'"; fi
 
 # perplexity --json on the golden text
 sed -n '/^text:/,$p' "$MODELS/stories260K.greedy256.expected.txt" | tail -n +2 >"$TMP/text.txt"
 out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --json -t 2 2>/dev/null)
 if echo "$out" | grep -q '"ppl"' && echo "$out" | grep -q '"n_chunks"' && echo "$out" | grep -q '"n_tokens"'; then
   pass "perplexity --json ($out)"; else fail "perplexity --json gave '$out'"; fi
+out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --json -t 2 -ctk turbo4 -ctv q4_0 --kl-base 2>/dev/null)
+if python3 -c "
+import json, sys
+j = json.loads(sys.argv[1])
+assert j['cache_type_k'] == 'turbo4' and j['cache_type_v'] == 'q4_0'
+assert j['bits_k'] == 6.0 and j['kl_mean'] > 0 and 0 < j['top1_agree_pct'] <= 100
+assert abs(j['delta_ppl_pct'] - 100 * (j['ppl'] / j['base_ppl'] - 1)) < 1e-9
+" "$out"; then pass "perplexity -ctk/-ctv --kl-base ($out)"; else fail "perplexity --kl-base gave '$out'"; fi
 
 echo "$failures failed"
 [ $failures -eq 0 ]

@@ -35,8 +35,10 @@ class Model {
   int32_t n_vocab() const;
   int32_t n_ctx_train() const;
   const std::string& name() const;
-  // Bytes of K/V cache one token takes (all layers, f32).
-  int64_t kv_bytes_per_token() const;
+  // KV bytes per position (all layers, K and V, scales included) with the given cache types;
+  // -1 if a type is unknown or cannot hold this model's head size.
+  double kv_bytes_per_token(const std::string& cache_type_k = "f16",
+                            const std::string& cache_type_v = "f16") const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }
@@ -59,6 +61,10 @@ struct EngineOptions {
   bool reserve_full_context = false;
   // Prefix caching: full KV blocks of repeated prefixes are computed once and shared.
   bool prefix_cache = true;
+  // KV cache element types (--cache-type-k / --cache-type-v): f32, f16, bf16, q8_0, q4_0, int8,
+  // fp8, turbo4, turbo3.
+  std::string cache_type_k = "f16";
+  std::string cache_type_v = "f16";
 };
 
 struct GenerationOptions {

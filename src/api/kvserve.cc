@@ -9,6 +9,7 @@
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
+#include "engine/key_offsets.h"
 #include "engine/model_runner.h"
 #include "tokenizer/tokenizer.h"
 
@@ -69,8 +70,25 @@ int32_t Model::n_ctx_train() const {
 const std::string& Model::name() const {
   return impl_->model->config().name;
 }
-int64_t Model::kv_bytes_per_token() const {
-  return static_cast<int64_t>(kvs::ModelKvGeometry(impl_->model->config(), 16).BytesPerToken());
+namespace {
+
+kvs::Expected<kvs::KvGeometry> CacheGeometry(const kvs::ModelConfig& c, int32_t block_size,
+                                             const std::string& k, const std::string& v) {
+  auto k_type = kvs::ParseKvType(k);
+  if (!k_type) return kvs::Status::Error("--cache-type-k: " + k_type.error());
+  auto v_type = kvs::ParseKvType(v);
+  if (!v_type) return kvs::Status::Error("--cache-type-v: " + v_type.error());
+  const kvs::KvGeometry g = kvs::ModelKvGeometry(c, block_size, {*k_type, *v_type});
+  KVS_RETURN_IF_ERROR(g.Validate());
+  return g;
+}
+
+}  // namespace
+
+double Model::kv_bytes_per_token(const std::string& cache_type_k,
+                                 const std::string& cache_type_v) const {
+  auto g = CacheGeometry(impl_->model->config(), 16, cache_type_k, cache_type_v);
+  return g ? g->BytesPerToken() : -1.0;
 }
 
 namespace {
@@ -82,10 +100,11 @@ std::string ModelFingerprint(const kvs::Model& m) {
                         c.n_head_kv, m.WeightBytesPerToken());
 }
 
-kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model) {
+kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model,
+                                     const EngineOptions& engine) {
   kvs::RequestOptions r;
-  r.cache_key =
-      kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), "k:f32,v:f32", g.cache_salt);
+  const std::string kv_types = "k:" + engine.cache_type_k + ",v:" + engine.cache_type_v;
+  r.cache_key = kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), kv_types, g.cache_salt);
   r.max_tokens = g.max_tokens;
   r.n = g.n;
   r.priority = g.priority;
@@ -125,11 +144,12 @@ Engine::~Engine() {
 std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
                                       const EngineOptions& options, std::string* error) {
   const kvs::ModelConfig& mc = model->impl().model->config();
-  const kvs::KvGeometry geometry = kvs::ModelKvGeometry(mc, options.block_size);
-  if (auto st = geometry.Validate(); !st.ok()) {
-    *error = st.message();
+  auto cache = CacheGeometry(mc, options.block_size, options.cache_type_k, options.cache_type_v);
+  if (!cache) {
+    *error = cache.error();
     return nullptr;
   }
+  const kvs::KvGeometry geometry = *cache;
   if (options.n_ctx < 2 || options.n_parallel < 1 || options.threads < 0) {
     *error = "-c must be at least 2, -np at least 1 and -t not negative";
     return nullptr;
@@ -175,8 +195,15 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   }
   impl->pool = std::make_unique<kvs::ThreadPool>(
       o.threads > 0 ? o.threads : kvs::ThreadPool::DefaultThreadCount());
-  auto runner = std::make_unique<kvs::ModelRunner>(*model->impl().model, *impl->pool, ec.block_size,
-                                                   ec.n_blocks);
+  std::vector<float> key_offsets;
+  if (kvs::KvTypeIsQuantized(geometry.k_type)) {
+    key_offsets = kvs::MeasureKeyOffsets(
+        *model->impl().model, *impl->pool,
+        kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab));
+  }
+  auto runner = std::make_unique<kvs::ModelRunner>(
+      *model->impl().model, *impl->pool, ec.block_size, ec.n_blocks,
+      kvs::KvTypes{geometry.k_type, geometry.v_type}, std::move(key_offsets));
   impl->engine = std::make_unique<kvs::AsyncEngine>(ec, std::move(runner));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -205,7 +232,8 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     if (e.finished) out.text += it->second.Flush();
     if (on_token) on_token(out);
   };
-  auto id = impl_->engine->Submit(std::move(prompt), ToRequestOptions(options, model), callback);
+  auto id = impl_->engine->Submit(std::move(prompt),
+                                  ToRequestOptions(options, model, impl_->options), callback);
   if (!id.ok()) {
     *error = id.error();
     return 0;

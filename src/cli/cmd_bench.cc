@@ -1,15 +1,21 @@
-// `kvserve bench speed`: prefill and decode tokens/s, like llama-bench's pp/tg tests.
+// `kvserve bench speed`: prefill and decode tokens/s, like llama-bench's pp/tg tests (-d: after
+// a context of that many tokens; -ctk/-ctv: the KV cache types).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/aligned.h"
 #include "core/thread_pool.h"
+#include "engine/key_offsets.h"
+#include "engine/model_runner.h"
 #include "engine/single_sequence.h"
+#include "kernels/kv_types.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvs::cli {
 namespace {
@@ -20,6 +26,8 @@ struct SpeedArgs {
   int32_t n_gen = 128;
   int32_t threads = ThreadPool::DefaultThreadCount();
   int32_t reps = 5;
+  int32_t depth = 0;
+  std::string cache_type_k = "f16", cache_type_v = "f16";
   bool json = false;
 };
 
@@ -53,21 +61,54 @@ int RunSpeed(const SpeedArgs& a) {
     return 1;
   }
   const ModelConfig& c = (*model)->config();
+  KvTypes types;
+  for (auto [name, type] :
+       {std::pair{&a.cache_type_k, &types.k}, std::pair{&a.cache_type_v, &types.v}}) {
+    auto parsed = ParseKvType(*name);
+    if (!parsed) {
+      std::fprintf(stderr, "error: %s\n", parsed.error().c_str());
+      return 1;
+    }
+    *type = *parsed;
+  }
+  if (Status st = ModelKvGeometry(c, kKvBlockTokens, types).Validate(); !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    return 1;
+  }
   ThreadPool pool(a.threads);
-  const int32_t n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
-  SingleSequence forward(**model, pool, n_ctx);
+  std::vector<float> key_offsets;
+  if (KvTypeIsQuantized(types.k)) {
+    auto tok = Tokenizer::FromGguf((*model)->file());
+    key_offsets = MeasureKeyOffsets(**model, pool,
+                                    KeyCalibrationTokens(tok ? tok->get() : nullptr, c.n_vocab));
+  }
+  const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
+  SingleSequence forward(**model, pool, n_ctx, types, std::move(key_offsets));
   std::vector<float> logits(c.n_vocab);
   // Random tokens, as llama-bench uses: the content does not change the work done.
   std::mt19937 rng(1234);
-  std::vector<int32_t> prompt(std::max(a.n_prompt, 1));
+  std::vector<int32_t> prompt(std::max({a.n_prompt, a.depth, 1}));
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % c.n_vocab);
+  // The context the tests run after: filled once, untimed; each test then writes (and rewrites)
+  // the positions after it.
+  if (a.depth > 0) {
+    if (!a.json) std::fprintf(stderr, "filling a context of %d tokens\n", a.depth);
+    for (int32_t pos = 0; pos < a.depth; pos += 512) {
+      const int32_t n = std::min(512, a.depth - pos);
+      Status st = forward.Run(prompt.data() + pos, n, pos, 1, logits.data());
+      if (!st.ok()) {
+        std::fprintf(stderr, "error: %s\n", st.message().c_str());
+        return 1;
+      }
+    }
+  }
 
   std::vector<double> pp, tg;
   // One untimed warm-up of each test pages the weights in and sizes the buffers.
   for (int32_t rep = -1; rep < a.reps; ++rep) {
     if (a.n_prompt > 0) {
       auto t0 = std::chrono::steady_clock::now();
-      Status st = forward.Run(prompt.data(), a.n_prompt, 0, 1, logits.data());
+      Status st = forward.Run(prompt.data(), a.n_prompt, a.depth, 1, logits.data());
       if (!st.ok()) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
         return 1;
@@ -78,7 +119,7 @@ int RunSpeed(const SpeedArgs& a) {
       auto t0 = std::chrono::steady_clock::now();
       int32_t token = prompt[0];
       for (int32_t i = 0; i < a.n_gen; ++i) {
-        Status st = forward.Run(&token, 1, i, 1, logits.data());
+        Status st = forward.Run(&token, 1, a.depth + i, 1, logits.data());
         if (!st.ok()) {
           std::fprintf(stderr, "error: %s\n", st.message().c_str());
           return 1;
@@ -90,31 +131,43 @@ int RunSpeed(const SpeedArgs& a) {
     if (!a.json && rep >= 0) std::fprintf(stderr, "rep %d/%d done\n", rep + 1, a.reps);
   }
   MeanStd p = Summarize(pp), g = Summarize(tg);
-  const double bytes = static_cast<double>((*model)->WeightBytesPerToken());
+  // A decoded token reads every weight once and the K/V of its whole context (on average the
+  // depth plus half the generated tokens).
+  const double weight_bytes = static_cast<double>((*model)->WeightBytesPerToken());
+  const double kv_bytes =
+      ModelKvGeometry(c, kKvBlockTokens, types).BytesPerToken() * (a.depth + a.n_gen / 2.0);
+  const double bytes = weight_bytes + kv_bytes;
   if (a.json) {
     nlohmann::json j = {{"model", path},
                         {"n_threads", a.threads},
                         {"reps", a.reps},
+                        {"depth", a.depth},
+                        {"cache_type_k", a.cache_type_k},
+                        {"cache_type_v", a.cache_type_v},
                         {"pp_tokens", a.n_prompt},
                         {"pp_tps", p.mean},
                         {"pp_tps_stddev", p.stddev},
                         {"tg_tokens", a.n_gen},
                         {"tg_tps", g.mean},
                         {"tg_tps_stddev", g.stddev},
-                        {"weight_bytes_per_token", bytes},
+                        {"weight_bytes_per_token", weight_bytes},
+                        {"kv_bytes_per_token", kv_bytes},
                         {"tg_gbps", g.mean * bytes / 1e9}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("| model | threads | test | t/s |\n|---|---|---|---|\n");
+    const std::string at = a.depth > 0 ? " @ d" + std::to_string(a.depth) : "";
+    std::printf("| model | threads | K/V | test | t/s |\n|---|---|---|---|---|\n");
     if (a.n_prompt > 0) {
-      std::printf("| %s | %d | pp%d | %.2f ± %.2f |\n", c.name.c_str(), a.threads, a.n_prompt,
-                  p.mean, p.stddev);
+      std::printf("| %s | %d | %s/%s | pp%d%s | %.2f ± %.2f |\n", c.name.c_str(), a.threads,
+                  a.cache_type_k.c_str(), a.cache_type_v.c_str(), a.n_prompt, at.c_str(), p.mean,
+                  p.stddev);
     }
     if (a.n_gen > 0) {
-      std::printf("| %s | %d | tg%d | %.2f ± %.2f |\n", c.name.c_str(), a.threads, a.n_gen, g.mean,
+      std::printf("| %s | %d | %s/%s | tg%d%s | %.2f ± %.2f |\n", c.name.c_str(), a.threads,
+                  a.cache_type_k.c_str(), a.cache_type_v.c_str(), a.n_gen, at.c_str(), g.mean,
                   g.stddev);
-      std::printf("decode reads %.3f GB of weights per token: %.1f GB/s\n", bytes / 1e9,
-                  g.mean * bytes / 1e9);
+      std::printf("decode reads %.3f GB per token (weights %.3f, K/V %.3f): %.1f GB/s\n",
+                  bytes / 1e9, weight_bytes / 1e9, kv_bytes / 1e9, g.mean * bytes / 1e9);
     }
   }
   return 0;
@@ -177,6 +230,15 @@ Runner AddBenchCommand(CLI::App& root) {
   speed->add_option("-r,--repetitions", a->reps, "Repetitions of each test")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  speed
+      ->add_option("-d,--n-depth", a->depth,
+                   "Tokens of context already in the cache when each test runs")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  speed->add_option("--cache-type-k", a->cache_type_k, "KV cache type of keys; also -ctk")
+      ->capture_default_str();
+  speed->add_option("--cache-type-v", a->cache_type_v, "KV cache type of values; also -ctv")
+      ->capture_default_str();
   speed->add_flag("--json", a->json, "Print one JSON object");
   struct BandwidthArgs {
     int32_t threads = ThreadPool::DefaultThreadCount();

@@ -1,4 +1,5 @@
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -62,7 +63,10 @@ int RunGenerate(GenerateArgs a) {
     int64_t positions = eo.n_ctx;
     if (a.n_predict > 0) positions = std::min<int64_t>(positions, ids.size() + a.n_predict);
     const int64_t blocks = (positions + eo.block_size - 1) / eo.block_size + 2;
-    eo.kv_memory_bytes = blocks * eo.block_size * model->kv_bytes_per_token();
+    const double per_token = model->kv_bytes_per_token(eo.cache_type_k, eo.cache_type_v);
+    if (per_token > 0) {  // else Engine::Start reports the bad type
+      eo.kv_memory_bytes = static_cast<int64_t>(std::ceil(blocks * eo.block_size * per_token));
+    }
   }
   std::unique_ptr<kvserve::Engine> engine = kvserve::Engine::Start(model, eo, &error);
   if (!engine) {

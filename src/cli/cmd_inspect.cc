@@ -1,6 +1,11 @@
 #include <cstdio>
 
+#include <algorithm>
+
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "engine/model_runner.h"
+#include "kernels/kv_types.h"
 #include "model/weights.h"
 
 namespace kvs::cli {
@@ -18,7 +23,7 @@ std::string HumanBytes(double b) {
   return buf;
 }
 
-int RunInspect(const std::string& path, bool all_metadata) {
+int RunInspect(const std::string& path, bool all_metadata, int64_t kv_memory) {
   auto file = gguf::File::Open(path);
   if (!file) {
     std::fprintf(stderr, "error: %s\n", file.error().c_str());
@@ -66,10 +71,28 @@ int RunInspect(const std::string& path, bool all_metadata) {
   std::printf("  weights (mapped): %s\n", HumanBytes(total).c_str());
   std::printf("  weights read per decoded token: %s\n",
               HumanBytes((*model)->WeightBytesPerToken()).c_str());
-  double kv_per_token = 2.0 * c.n_layer * (c.k_dim() + c.v_dim()) / 2.0 * 2.0;  // f16 K and V
-  std::printf("  KV cache per token (f16): %s; at the training context (%d): %s\n",
-              HumanBytes(kv_per_token).c_str(), c.n_ctx_train,
-              HumanBytes(kv_per_token * c.n_ctx_train).c_str());
+  // What each KV type (K and V alike) costs, and how many tokens fit in kv_memory.
+  std::printf("  KV cache by type (--cache-type-k/-v), tokens that fit in --kv-memory %s:\n",
+              HumanBytes(static_cast<double>(kv_memory)).c_str());
+  std::printf("    %-7s %10s %14s %12s %9s\n", "type", "bits/elem", "per token", "tokens",
+              "vs f16");
+  const double f16_per_token =
+      ModelKvGeometry(c, kKvBlockTokens, {KvType::kF16, KvType::kF16}).BytesPerToken();
+  for (KvType t : kAllKvTypes) {
+    const KvGeometry g = ModelKvGeometry(c, kKvBlockTokens, {t, t});
+    if (!g.Validate().ok()) {
+      std::printf("    %-7s (head size %d is not a multiple of 8)\n",
+                  std::string(KvTypeName(t)).c_str(), c.head_dim_k);
+      continue;
+    }
+    const int64_t blocks = kv_memory / static_cast<int64_t>(g.BytesPerBlock()) - 1;  // null block
+    std::printf("    %-7s %10.2f %14s %12lld %8.2fx\n", std::string(KvTypeName(t)).c_str(),
+                KvBitsPerElement(t, c.head_dim_k), HumanBytes(g.BytesPerToken()).c_str(),
+                static_cast<long long>(std::max<int64_t>(blocks, 0) * kKvBlockTokens),
+                f16_per_token / g.BytesPerToken());
+  }
+  std::printf("  KV cache at the training context (%d), f16: %s\n", c.n_ctx_train,
+              HumanBytes(f16_per_token * c.n_ctx_train).c_str());
   return 0;
 }
 
@@ -79,13 +102,25 @@ Runner AddInspectCommand(CLI::App& root) {
   struct Args {
     std::string path;
     bool all = false;
+    std::string kv_memory = "1GiB";
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd =
       root.add_subcommand("inspect", "Print a GGUF file's metadata, tensors and memory needs");
   cmd->add_option("model", a->path, "GGUF file")->required();
   cmd->add_flag("--all", a->all, "Print metadata arrays in full");
-  return [a] { return RunInspect(a->path, a->all); };
+  cmd->add_option("--kv-memory", a->kv_memory,
+                  "KV cache size for the tokens-that-fit table (512M, 4G, 2GiB, 25%)")
+      ->capture_default_str();
+  return [a] {
+    int64_t kv_memory = 0;
+    std::string error;
+    if (!ParseMemorySize(a->kv_memory, &kv_memory, &error)) {
+      std::fprintf(stderr, "error: %s\n", error.c_str());
+      return 1;
+    }
+    return RunInspect(a->path, a->all, kv_memory);
+  };
 }
 
 }  // namespace kvs::cli

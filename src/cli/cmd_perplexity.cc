@@ -4,7 +4,9 @@
 
 #include "cli/commands.h"
 #include "core/thread_pool.h"
+#include "engine/key_offsets.h"
 #include "engine/perplexity.h"
+#include "kernels/kv_types.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvs::cli {
@@ -16,6 +18,8 @@ Runner AddPerplexityCommand(CLI::App& root) {
     int32_t threads = ThreadPool::DefaultThreadCount();
     int32_t max_chunks = -1;
     bool json = false;
+    std::string cache_type_k = "f32", cache_type_v = "f32";
+    bool kl_base = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = root.add_subcommand(
@@ -30,8 +34,26 @@ Runner AddPerplexityCommand(CLI::App& root) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--chunks", a->max_chunks, "Score at most this many chunks (-1: all)")
       ->capture_default_str();
+  cmd->add_option("--cache-type-k", a->cache_type_k,
+                  "KV cache type of keys: " + KvTypeNames() + "; also -ctk")
+      ->capture_default_str();
+  cmd->add_option("--cache-type-v", a->cache_type_v, "KV cache type of values; also -ctv")
+      ->capture_default_str();
+  cmd->add_flag("--kl-base", a->kl_base,
+                "Also run an f32 KV cache over the same chunks and report the change in "
+                "perplexity, the mean KL divergence from it and the top-1 agreement");
   cmd->add_flag("--json", a->json, "Print one JSON object with the result");
   return [a]() -> int {
+    PerplexityOptions options;
+    for (auto [name, type] : {std::pair{&a->cache_type_k, &options.kv_types.k},
+                              std::pair{&a->cache_type_v, &options.kv_types.v}}) {
+      auto parsed = ParseKvType(*name);
+      if (!parsed) {
+        std::fprintf(stderr, "error: %s\n", parsed.error().c_str());
+        return 1;
+      }
+      *type = *parsed;
+    }
     std::string path = a->model;
     if (!ResolveModelPath(path)) return 1;
     std::string text;
@@ -53,7 +75,11 @@ Runner AddPerplexityCommand(CLI::App& root) {
     }
     ThreadPool pool(a->threads);
     const int32_t bos = (*tok)->add_bos() ? (*tok)->bos_id() : -1;
-    auto r = ComputePerplexity(**model, ids, a->n_ctx, bos, pool, [&](int32_t i, double ppl) {
+    options.n_ctx = a->n_ctx;
+    options.bos_id = bos;
+    options.kl_base = a->kl_base;
+    options.calibration_tokens = KeyCalibrationTokens((*tok).get(), (*model)->config().n_vocab);
+    auto r = ComputePerplexity(**model, ids, options, pool, [&](int32_t i, double ppl) {
       if (!a->json) std::fprintf(stderr, "[%d] %.4f\n", i + 1, ppl);
     });
     if (!r) {
@@ -65,6 +91,17 @@ Runner AddPerplexityCommand(CLI::App& root) {
           {"ppl", r->ppl},           {"nll", r->nll},           {"nll_stderr", r->nll_stddev},
           {"n_tokens", r->n_tokens}, {"n_chunks", r->n_chunks}, {"n_scored", r->n_scored},
           {"n_ctx", a->n_ctx},       {"seconds", r->seconds}};
+      const ModelConfig& c = (*model)->config();
+      j["cache_type_k"] = a->cache_type_k;
+      j["cache_type_v"] = a->cache_type_v;
+      j["bits_k"] = KvBitsPerElement(options.kv_types.k, c.head_dim_k);
+      j["bits_v"] = KvBitsPerElement(options.kv_types.v, c.head_dim_v);
+      if (r->has_base) {
+        j["base_ppl"] = r->base_ppl;
+        j["delta_ppl_pct"] = 100.0 * (r->ppl / r->base_ppl - 1.0);
+        j["kl_mean"] = r->kl_mean;
+        j["top1_agree_pct"] = r->top1_agree_pct;
+      }
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf(
@@ -72,6 +109,12 @@ Runner AddPerplexityCommand(CLI::App& root) {
           "%.1f s\n",
           r->ppl, r->ppl * r->nll_stddev, r->nll, r->n_chunks, a->n_ctx,
           static_cast<long long>(r->n_scored), r->seconds);
+      if (r->has_base) {
+        std::printf(
+            "vs f32 KV (perplexity %.4f): %+.3f%% perplexity, mean KL %.6f, top-1 "
+            "agreement %.2f%%\n",
+            r->base_ppl, 100.0 * (r->ppl / r->base_ppl - 1.0), r->kl_mean, r->top1_agree_pct);
+      }
     }
     return 0;
   };

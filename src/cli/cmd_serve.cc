@@ -48,10 +48,11 @@ int RunServe(ServeArgs a) {
   const kvserve::EngineStats kv = server.stats();
   const kvserve::EngineOptions& eo = server.engine_options();
   std::fprintf(stderr,
-               "kvserve: serving model '%s' (-np %d, -c %d); KV cache %.1f MiB: %d blocks of %d "
-               "positions = %lld tokens; Ctrl-C stops\n",
+               "kvserve: serving model '%s' (-np %d, -c %d); KV cache %.1f MiB of K %s / V %s: "
+               "%d blocks of %d positions = %lld tokens; Ctrl-C stops\n",
                server.model_id().c_str(), eo.n_parallel, eo.n_ctx,
-               eo.kv_memory_bytes / double(1 << 20), kv.kv_blocks_total, kv.block_size,
+               eo.kv_memory_bytes / double(1 << 20), eo.cache_type_k.c_str(),
+               eo.cache_type_v.c_str(), kv.kv_blocks_total, kv.block_size,
                static_cast<long long>(kv.kv_blocks_total) * kv.block_size);
   int sig = 0;
   sigwait(&stop_signals, &sig);

@@ -5,6 +5,7 @@
 
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
+#include "kernels/kv_types.h"
 
 namespace kvs::cli {
 
@@ -30,6 +31,12 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "Tokens computed per step: prompt chunks and decodes together")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
+  cmd->add_option("--cache-type-k", o.cache_type_k,
+                  "KV cache type of keys: " + KvTypeNames() + "; also -ctk")
+      ->capture_default_str();
+  cmd->add_option("--cache-type-v", o.cache_type_v,
+                  "KV cache type of values (same choices); also -ctv")
+      ->capture_default_str();
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
   cmd->add_option("-t,--threads", o.threads, "Threads")

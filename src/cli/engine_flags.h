@@ -1,5 +1,6 @@
 // Engine flags shared by the commands that run the engine (generate, bench, serve), named as a
-// llama.cpp / vLLM user expects: -c, -np, --kv-memory, --block-size, --max-batch-tokens, -t.
+// llama.cpp / vLLM user expects: -c, -np, --kv-memory, --block-size, --max-batch-tokens,
+// --cache-type-k/-v (-ctk/-ctv), -t.
 #pragma once
 
 #include <string>

@@ -1,6 +1,7 @@
 // kvserve: one binary, subcommands (generate, tokenize, inspect, perplexity, ...).
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -21,14 +22,21 @@ int main(int argc, char** argv) {
   add(kvs::cli::AddInspectCommand(app));
   add(kvs::cli::AddPerplexityCommand(app));
   add(kvs::cli::AddBenchCommand(app));
-  // llama.cpp spells the parallel-sequences flag "-np"; CLI11 takes one-letter short names only.
-  // (CLI11 takes the argument vector in reverse order.)
+  // llama.cpp spells some flags with several letters after one dash ("-np", "-ctk"); CLI11
+  // takes one-letter short names only. (CLI11 takes the argument vector in reverse order.)
+  const std::pair<std::string, std::string> spellings[] = {
+      {"-np", "--parallel"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}};
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {
-    const std::string arg = argv[i];
-    args.push_back(arg == "-np"                ? "--parallel"
-                   : arg.rfind("-np=", 0) == 0 ? "--parallel=" + arg.substr(4)
-                                               : arg);
+    std::string arg = argv[i];
+    for (const auto& [short_name, long_name] : spellings) {
+      if (arg == short_name) {
+        arg = long_name;
+      } else if (arg.rfind(short_name + "=", 0) == 0) {
+        arg = long_name + arg.substr(short_name.size());
+      }
+    }
+    args.push_back(arg);
   }
   try {
     app.parse(args);

@@ -1,15 +1,21 @@
 #include "engine/model_runner.h"
 
+#include <utility>
+
 namespace kvs {
 
-KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size) {
-  return KvGeometry{c.n_layer, c.n_head_kv, c.head_dim_k, c.head_dim_v, block_size};
+KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size, KvTypes types) {
+  return KvGeometry{c.n_layer,  c.n_head_kv, c.head_dim_k, c.head_dim_v,
+                    block_size, types.k,     types.v};
 }
 
-ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks)
+ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks,
+                         KvTypes types, std::vector<float> key_offsets)
     : model_(model),
-      storage_(ModelKvGeometry(model.config(), block_size), n_blocks),
-      forward_(model, pool) {}
+      storage_(ModelKvGeometry(model.config(), block_size, types), n_blocks),
+      forward_(model, pool) {
+  if (!key_offsets.empty()) storage_.SetKeyOffsets(std::move(key_offsets));
+}
 
 Status ModelRunner::Execute(const StepInput& step, float* logits) {
   const int32_t m = storage_.kernel_blocks_per_block();

@@ -13,12 +13,14 @@
 namespace kvs {
 
 // The K/V geometry of a model's cache with the given pool block size.
-KvGeometry ModelKvGeometry(const ModelConfig& config, int32_t block_size);
+KvGeometry ModelKvGeometry(const ModelConfig& config, int32_t block_size, KvTypes types = {});
 
 class ModelRunner final : public StepRunner {
  public:
   // n_blocks counts the null block, as KvCacheManager's does; both must agree.
-  ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks);
+  // key_offsets: see KvStorage::SetKeyOffsets (empty: none).
+  ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks,
+              KvTypes types = {}, std::vector<float> key_offsets = {});
 
   int32_t n_vocab() const override { return model_.config().n_vocab; }
   Status Execute(const StepInput& step, float* logits) override;

@@ -1,16 +1,37 @@
 #include "engine/perplexity.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
+#include "engine/key_offsets.h"
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
 #include "engine/single_sequence.h"
 
 namespace kvs {
 
+namespace {
+
+// log-softmax of a logit row, in double.
+void LogSoftmax(const float* row, int32_t n, std::vector<double>* out) {
+  out->resize(n);
+  float max = row[0];
+  for (int32_t v = 1; v < n; ++v) max = std::max(max, row[v]);
+  double sum = 0;
+  for (int32_t v = 0; v < n; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+  const double log_sum = std::log(sum) + max;
+  for (int32_t v = 0; v < n; ++v) (*out)[v] = row[v] - log_sum;
+}
+
+}  // namespace
+
 Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vector<int32_t>& tokens,
-                                             int32_t n_ctx, int32_t bos_id, ThreadPool& pool,
+                                             const PerplexityOptions& options, ThreadPool& pool,
                                              const std::function<void(int32_t, double)>& on_chunk) {
   const int32_t n_vocab = model.config().n_vocab;
+  const int32_t n_ctx = options.n_ctx;
   if (n_ctx < 4)
     return Status::Error(StrFormat("context %d is too small for perplexity (need >= 4)", n_ctx));
   if (static_cast<int64_t>(tokens.size()) < 2 * static_cast<int64_t>(n_ctx)) {
@@ -18,33 +39,54 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
         StrFormat("the text has %zu tokens; perplexity with a context of %d needs at least %d",
                   tokens.size(), n_ctx, 2 * n_ctx));
   }
+  const KvGeometry geometry = ModelKvGeometry(model.config(), kKvBlockTokens, options.kv_types);
+  KVS_RETURN_IF_ERROR(geometry.Validate());
   auto t0 = std::chrono::steady_clock::now();
   PerplexityResult r;
   r.n_tokens = static_cast<int64_t>(tokens.size());
   r.n_chunks = static_cast<int32_t>(tokens.size() / n_ctx);
+  r.has_base = options.kl_base;
   const int32_t first = n_ctx / 2;
   const int32_t n_scored_per_chunk = n_ctx - 1 - first;
 
-  SingleSequence seq(model, pool, n_ctx);
-  std::vector<float> logits(static_cast<size_t>(n_ctx - first) * n_vocab);
+  std::vector<float> key_offsets;
+  if (KvTypeIsQuantized(options.kv_types.k)) {
+    key_offsets = MeasureKeyOffsets(model, pool, options.calibration_tokens);
+  }
+  SingleSequence seq(model, pool, n_ctx, options.kv_types, std::move(key_offsets));
+  std::unique_ptr<SingleSequence> base;
+  if (options.kl_base) base = std::make_unique<SingleSequence>(model, pool, n_ctx, KvTypes{});
+  const size_t logit_floats = static_cast<size_t>(n_ctx - first) * n_vocab;
+  std::vector<float> logits(logit_floats), base_logits(options.kl_base ? logit_floats : 0);
+  std::vector<double> lp, base_lp;
   std::vector<int32_t> chunk(n_ctx);
-  double nll = 0, nll2 = 0;
+  double nll = 0, nll2 = 0, base_nll = 0, kl = 0;
+  int64_t agree = 0;
   for (int32_t i = 0; i < r.n_chunks; ++i) {
     std::copy(tokens.begin() + static_cast<size_t>(i) * n_ctx,
               tokens.begin() + static_cast<size_t>(i + 1) * n_ctx, chunk.begin());
-    if (bos_id >= 0) chunk[0] = bos_id;
+    if (options.bos_id >= 0) chunk[0] = options.bos_id;
     // Logits for positions first..n_ctx-1; the last one predicts past the chunk and is unused.
     KVS_RETURN_IF_ERROR(seq.Run(chunk.data(), n_ctx, 0, n_ctx - first, logits.data()));
+    if (base) {
+      KVS_RETURN_IF_ERROR(base->Run(chunk.data(), n_ctx, 0, n_ctx - first, base_logits.data()));
+    }
     for (int32_t j = 0; j < n_scored_per_chunk; ++j) {
       const float* row = logits.data() + static_cast<size_t>(j) * n_vocab;
-      float max = row[0];
-      for (int32_t v = 1; v < n_vocab; ++v) max = std::max(max, row[v]);
-      double sum = 0;
-      for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
       const int32_t target = chunk[first + j + 1];
-      double lp = static_cast<double>(row[target]) - max - std::log(sum);
-      nll -= lp;
-      nll2 += lp * lp;
+      LogSoftmax(row, n_vocab, &lp);
+      nll -= lp[target];
+      nll2 += lp[target] * lp[target];
+      if (!base) continue;
+      const float* base_row = base_logits.data() + static_cast<size_t>(j) * n_vocab;
+      LogSoftmax(base_row, n_vocab, &base_lp);
+      base_nll -= base_lp[target];
+      double kl_token = 0;
+      for (int32_t v = 0; v < n_vocab; ++v) {
+        kl_token += std::exp(base_lp[v]) * (base_lp[v] - lp[v]);
+      }
+      kl += std::max(0.0, kl_token);
+      agree += ArgMax(row, n_vocab) == ArgMax(base_row, n_vocab);
     }
     r.n_scored += n_scored_per_chunk;
     if (on_chunk) on_chunk(i, std::exp(nll / r.n_scored));
@@ -53,6 +95,11 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   double var = nll2 / r.n_scored - r.nll * r.nll;
   r.nll_stddev = (var > 0 && r.n_scored > 1) ? std::sqrt(var / (r.n_scored - 1)) : 0;
   r.ppl = std::exp(r.nll);
+  if (base) {
+    r.base_ppl = std::exp(base_nll / r.n_scored);
+    r.kl_mean = kl / r.n_scored;
+    r.top1_agree_pct = 100.0 * agree / r.n_scored;
+  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kernels/kv_types.h"
 #include "model/weights.h"
 
 namespace kvs {
@@ -21,11 +22,27 @@ struct PerplexityResult {
   int32_t n_chunks = 0;
   int64_t n_scored = 0;  // tokens whose probability was scored
   double seconds = 0;
+  // With a base run (f32 K/V over the same chunks, side by side): its perplexity, the mean
+  // KL(base || this) over the scored tokens' next-token distributions, and how often both put
+  // the same token first.
+  bool has_base = false;
+  double base_ppl = 0;
+  double kl_mean = 0;
+  double top1_agree_pct = 0;
+};
+
+struct PerplexityOptions {
+  int32_t n_ctx = 512;
+  int32_t bos_id = -1;  // replaces each chunk's first token when >= 0
+  KvTypes kv_types;     // the cache types being measured
+  // Tokens to measure the key offsets of a quantized K type on (KeyCalibrationTokens).
+  std::vector<int32_t> calibration_tokens;
+  bool kl_base = false;  // also run an f32/f32 cache and compare
 };
 
 // on_chunk(i, running_ppl) is called after each chunk (progress reporting).
 Expected<PerplexityResult> ComputePerplexity(
-    const Model& model, const std::vector<int32_t>& tokens, int32_t n_ctx, int32_t bos_id,
+    const Model& model, const std::vector<int32_t>& tokens, const PerplexityOptions& options,
     ThreadPool& pool, const std::function<void(int32_t, double)>& on_chunk = nullptr);
 
 }  // namespace kvs

@@ -14,7 +14,9 @@ namespace kvs {
 
 class SingleSequence {
  public:
-  SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx);
+  // key_offsets: see KvStorage::SetKeyOffsets (empty: none).
+  SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx, KvTypes types = {},
+                 std::vector<float> key_offsets = {});
 
   int32_t n_ctx() const { return n_ctx_; }
   // Computes tokens[0..n) at positions pos0.. (positions >= pos0 written before are replaced)

@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/aligned.h"
 #include "core/check.h"
+#include "kernels/kv_quant.h"
 
 #if defined(__AVX512F__)
 #define KVS_ATTENTION_AVX512 1
-#include "kernels/simd.h"
+#include "kernels/kv_codecs_avx512.h"
 #endif
 
 namespace kvs {
@@ -29,10 +32,164 @@ int32_t MaxKeys(const int32_t* n_keys, int n) {
 
 #if KVS_ATTENTION_AVX512
 
-inline __mmask16 FirstLanes(int32_t n) {
-  return n >= 16  ? static_cast<__mmask16>(0xffff)
-         : n <= 0 ? static_cast<__mmask16>(0)
-                  : static_cast<__mmask16>((1u << n) - 1);
+using kv_simd::FirstLanes;
+
+template <class Codec>
+Codec MakeCodec(KvType t) {
+  if constexpr (std::is_constructible_v<Codec, KvType>) {
+    return Codec(t);
+  } else {
+    return Codec();
+  }
+}
+
+// s[i] = the 16 raw scores q[i] . k of one key block (before the softmax scale). group is the
+// dims per scale (0: no scales, one pass over all dims).
+template <class Codec, int Q>
+void ScoreBlock(KvType t, const uint8_t* kb, int32_t hk, int32_t group, const float* const* q,
+                __m512* s) {
+  const Codec codec = MakeCodec<Codec>(t);
+  constexpr size_t kRow = 16 * Codec::kBits / 8;
+  const int32_t g_len = group == 0 ? hk : group;
+  const uint8_t* scales = kb + hk * kRow;
+  for (int i = 0; i < Q; ++i) s[i] = _mm512_setzero_ps();
+  for (int32_t g0 = 0; g0 < hk; g0 += g_len) {
+    // Two partial sums per query keep eight FMA chains in flight.
+    __m512 a0[Q], a1[Q];
+    for (int i = 0; i < Q; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+    const int32_t end = g0 + g_len;
+    int32_t d = g0;
+    for (; d + 2 <= end; d += 2) {
+      const __m512 k0 = codec.Keys(kb + d * kRow);
+      const __m512 k1 = codec.Keys(kb + (d + 1) * kRow);
+      for (int i = 0; i < Q; ++i) {
+        a0[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k0, a0[i]);
+        a1[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d + 1]), k1, a1[i]);
+      }
+    }
+    if (d < end) {
+      const __m512 k0 = codec.Keys(kb + d * kRow);
+      for (int i = 0; i < Q; ++i) a0[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k0, a0[i]);
+    }
+    if (group == 0) {
+      for (int i = 0; i < Q; ++i) s[i] = _mm512_add_ps(a0[i], a1[i]);
+    } else {
+      const __m512 scale = _mm512_mul_ps(simd::Halves16(scales + (g0 / g_len) * 32),
+                                         _mm512_set1_ps(Codec::kScaleMul));
+      for (int i = 0; i < Q; ++i) s[i] = _mm512_fmadd_ps(_mm512_add_ps(a0[i], a1[i]), scale, s[i]);
+    }
+  }
+}
+
+// Per-lane scale of value dims c.. of a row whose group scales (f16) start at row_scales.
+inline __m512 ValueLaneScale(const uint8_t* row_scales, int32_t c, int32_t group, int32_t hv) {
+  auto scale_of = [&](int32_t g) {
+    uint16_t h;
+    std::memcpy(&h, row_scales + 2 * g, 2);
+    return _cvtsh_ss(h);
+  };
+  if (group >= 16) return _mm512_set1_ps(scale_of(c / group));
+  const float hi = c + 8 < hv ? scale_of(c / 8 + 1) : 0.0f;
+  return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(scale_of(c / 8)), _mm512_set1_ps(hi));
+}
+
+// o[i] = alpha[i] * o[i] + sum_j p[i][j] * v[j] over the block's first n_rows value rows, 64
+// output dims at a time. o rows are padded to hv_pad floats.
+template <class Codec, int Q>
+void AccumulateBlock(KvType t, const uint8_t* vb, int32_t hv, int32_t group, const float (*p)[16],
+                     const float* alpha, int32_t n_rows, float* o, int32_t hv_pad) {
+  const Codec codec = MakeCodec<Codec>(t);
+  const size_t row_bytes = static_cast<size_t>(hv) * Codec::kBits / 8;
+  const int32_t n_groups = group == 0 ? 0 : hv / group;
+  const uint8_t* scales = vb + 16 * row_bytes;
+  const __m512 scale_mul = _mm512_set1_ps(Codec::kScaleMul);
+  for (int32_t c0 = 0; c0 < hv; c0 += 64) {
+    const int n_vec = std::min(4, (hv - c0 + 15) / 16);
+    __m512 acc[Q][4];
+    for (int i = 0; i < Q; ++i) {
+      const __m512 a = _mm512_set1_ps(alpha[i]);
+      for (int v = 0; v < 4; ++v) {
+        if (v < n_vec) acc[i][v] = _mm512_mul_ps(a, _mm512_load_ps(o + i * hv_pad + c0 + 16 * v));
+      }
+    }
+    for (int32_t j = 0; j < n_rows; ++j) {
+      const uint8_t* row = vb + j * row_bytes;
+      __m512 vr[4];
+      for (int v = 0; v < 4; ++v) {
+        if (v >= n_vec) continue;
+        const int32_t c = c0 + 16 * v;
+        vr[v] = codec.Values(row, c, std::min(16, hv - c));
+        if (group != 0) {
+          const __m512 sc =
+              ValueLaneScale(scales + 2 * static_cast<size_t>(j) * n_groups, c, group, hv);
+          vr[v] = _mm512_mul_ps(vr[v], _mm512_mul_ps(sc, scale_mul));
+        }
+      }
+      for (int i = 0; i < Q; ++i) {
+        const __m512 pj = _mm512_set1_ps(p[i][j]);
+        for (int v = 0; v < 4; ++v) {
+          if (v < n_vec) acc[i][v] = _mm512_fmadd_ps(pj, vr[v], acc[i][v]);
+        }
+      }
+    }
+    for (int i = 0; i < Q; ++i) {
+      for (int v = 0; v < 4; ++v) {
+        if (v < n_vec) _mm512_store_ps(o + i * hv_pad + c0 + 16 * v, acc[i][v]);
+      }
+    }
+  }
+}
+
+template <int Q>
+using ScoreFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const float* const*, __m512*);
+template <int Q>
+using AccumulateFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const float (*)[16],
+                              const float*, int32_t, float*, int32_t);
+
+template <int Q>
+ScoreFn<Q> ScoreFor(KvType t) {
+  switch (t) {
+    case KvType::kF32:
+      return &ScoreBlock<kv_simd::F32Codec, Q>;
+    case KvType::kF16:
+      return &ScoreBlock<kv_simd::F16Codec, Q>;
+    case KvType::kBF16:
+      return &ScoreBlock<kv_simd::BF16Codec, Q>;
+    case KvType::kQ8_0:
+    case KvType::kInt8:
+      return &ScoreBlock<kv_simd::Int8Codec, Q>;
+    case KvType::kFp8:
+      return &ScoreBlock<kv_simd::Fp8Codec, Q>;
+    case KvType::kQ4_0:
+    case KvType::kTurbo4:
+      return &ScoreBlock<kv_simd::Nibble4Codec, Q>;
+    case KvType::kTurbo3:
+      return &ScoreBlock<kv_simd::Bit3Codec, Q>;
+  }
+  return nullptr;
+}
+
+template <int Q>
+AccumulateFn<Q> AccumulateFor(KvType t) {
+  switch (t) {
+    case KvType::kF32:
+      return &AccumulateBlock<kv_simd::F32Codec, Q>;
+    case KvType::kF16:
+      return &AccumulateBlock<kv_simd::F16Codec, Q>;
+    case KvType::kBF16:
+      return &AccumulateBlock<kv_simd::BF16Codec, Q>;
+    case KvType::kQ8_0:
+    case KvType::kInt8:
+      return &AccumulateBlock<kv_simd::Int8Codec, Q>;
+    case KvType::kFp8:
+      return &AccumulateBlock<kv_simd::Fp8Codec, Q>;
+    case KvType::kQ4_0:
+    case KvType::kTurbo4:
+      return &AccumulateBlock<kv_simd::Nibble4Codec, Q>;
+    case KvType::kTurbo3:
+      return &AccumulateBlock<kv_simd::Bit3Codec, Q>;
+  }
+  return nullptr;
 }
 
 // Q queries over every key block they need. o holds Q rows of the output accumulator, each
@@ -43,6 +200,9 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   const int32_t hv_pad = (hv + 15) / 16 * 16;
   const int32_t max_keys = MaxKeys(n_keys, Q);
+  const ScoreFn<Q> scores = ScoreFor<Q>(kv.k_type);
+  const AccumulateFn<Q> accumulate = AccumulateFor<Q>(kv.v_type);
+  const int32_t k_group = KvGroupSize(kv.k_type, hk), v_group = KvGroupSize(kv.v_type, hv);
   float m[Q], l[Q];
   for (int i = 0; i < Q; ++i) {
     m[i] = kNegInf;
@@ -52,24 +212,8 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
   alignas(64) float p[Q][16];
 
   for (int32_t blk = 0; blk * kKvBlockTokens < max_keys; ++blk) {
-    const float* kb = KeyBlock(kv, blk);
-    const float* vb = ValueBlock(kv, blk);
-    // Scores: two partial sums per query keep eight FMA chains in flight.
-    __m512 s0[Q], s1[Q];
-    for (int i = 0; i < Q; ++i) s0[i] = s1[i] = _mm512_setzero_ps();
-    int32_t d = 0;
-    for (; d + 2 <= hk; d += 2) {
-      const __m512 k0 = _mm512_loadu_ps(kb + d * kKvBlockTokens);
-      const __m512 k1 = _mm512_loadu_ps(kb + (d + 1) * kKvBlockTokens);
-      for (int i = 0; i < Q; ++i) {
-        s0[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k0, s0[i]);
-        s1[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d + 1]), k1, s1[i]);
-      }
-    }
-    if (d < hk) {
-      const __m512 k0 = _mm512_loadu_ps(kb + d * kKvBlockTokens);
-      for (int i = 0; i < Q; ++i) s0[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k0, s0[i]);
-    }
+    __m512 s_raw[Q];
+    scores(kv.k_type, KeyBlock(kv, blk), hk, k_group, q, s_raw);
     // Online softmax: rescale what came before by exp(old max - new max).
     float alpha[Q];
     for (int i = 0; i < Q; ++i) {
@@ -79,9 +223,8 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
         _mm512_store_ps(p[i], _mm512_setzero_ps());
         continue;
       }
-      const __m512 s = _mm512_mask_mov_ps(
-          _mm512_set1_ps(kNegInf), valid,
-          _mm512_mul_ps(_mm512_add_ps(s0[i], s1[i]), _mm512_set1_ps(shape.scale)));
+      const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid,
+                                          _mm512_mul_ps(s_raw[i], _mm512_set1_ps(shape.scale)));
       const float m_new = std::max(m[i], _mm512_reduce_max_ps(s));
       alpha[i] = std::exp(m[i] - m_new);  // 0 on the first block (m = -inf)
       const __m512 pv =
@@ -90,38 +233,8 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
       m[i] = m_new;
       _mm512_store_ps(p[i], pv);
     }
-    // o = alpha * o + p . V, 64 output dims at a time.
     const int32_t n_rows = std::min(kKvBlockTokens, max_keys - blk * kKvBlockTokens);
-    for (int32_t c0 = 0; c0 < hv; c0 += 64) {
-      const int n_vec = std::min(4, (hv - c0 + 15) / 16);
-      __mmask16 vmask[4];
-      for (int v = 0; v < 4; ++v) vmask[v] = FirstLanes(hv - c0 - 16 * v);
-      __m512 acc[Q][4];
-      for (int i = 0; i < Q; ++i) {
-        const __m512 a = _mm512_set1_ps(alpha[i]);
-        for (int v = 0; v < 4; ++v) {
-          if (v < n_vec) acc[i][v] = _mm512_mul_ps(a, _mm512_load_ps(o + i * hv_pad + c0 + 16 * v));
-        }
-      }
-      for (int32_t j = 0; j < n_rows; ++j) {
-        const float* row = vb + j * hv + c0;
-        __m512 vr[4];
-        for (int v = 0; v < 4; ++v) {
-          if (v < n_vec) vr[v] = _mm512_maskz_loadu_ps(vmask[v], row + 16 * v);
-        }
-        for (int i = 0; i < Q; ++i) {
-          const __m512 pj = _mm512_set1_ps(p[i][j]);
-          for (int v = 0; v < 4; ++v) {
-            if (v < n_vec) acc[i][v] = _mm512_fmadd_ps(pj, vr[v], acc[i][v]);
-          }
-        }
-      }
-      for (int i = 0; i < Q; ++i) {
-        for (int v = 0; v < 4; ++v) {
-          if (v < n_vec) _mm512_store_ps(o + i * hv_pad + c0 + 16 * v, acc[i][v]);
-        }
-      }
-    }
+    accumulate(kv.v_type, ValueBlock(kv, blk), hv, v_group, p, alpha, n_rows, o, hv_pad);
   }
   for (int i = 0; i < Q; ++i) {
     const float inv = 1.0f / l[i];
@@ -139,14 +252,17 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
     float m = kNegInf, l = 0.0f;
     std::fill(o, o + hv, 0.0f);
     for (int32_t j = 0; j < n_keys[i]; ++j) {
-      const float* kb = KeyBlock(kv, j / kKvBlockTokens);
+      const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
+      const uint8_t* vb = ValueBlock(kv, j / kKvBlockTokens);
+      const int32_t pos = j % kKvBlockTokens;
       float s = 0.0f;
-      for (int32_t d = 0; d < hk; ++d) s += q[i][d] * kb[d * kKvBlockTokens + j % kKvBlockTokens];
+      for (int32_t d = 0; d < hk; ++d) s += q[i][d] * LoadKey(kv.k_type, kb, hk, d, pos);
       s *= shape.scale;
       const float m_new = std::max(m, s);
       const float alpha = std::exp(m - m_new), pj = std::exp(s - m_new);
-      const float* vr = ValueBlock(kv, j / kKvBlockTokens) + (j % kKvBlockTokens) * hv;
-      for (int32_t d = 0; d < hv; ++d) o[d] = o[d] * alpha + pj * vr[d];
+      for (int32_t d = 0; d < hv; ++d) {
+        o[d] = o[d] * alpha + pj * LoadValue(kv.v_type, vb, hv, pos, d);
+      }
       l = l * alpha + pj;
       m = m_new;
     }
@@ -158,7 +274,7 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
 
 }  // namespace
 
-void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q_in,
             const int32_t* n_keys, int n_queries, float* const* out) {
   constexpr int kTile = 4;
   const size_t o_floats = kTile * static_cast<size_t>((shape.head_dim_v + 15) / 16 * 16);
@@ -169,6 +285,22 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
     o_capacity = o_floats;
   }
   float* o = o_buffer.get();
+  // Rotated keys need the queries in the same basis (q.k is unchanged by the rotation).
+  thread_local std::vector<float> q_rotated;
+  thread_local std::vector<const float*> q_pointers;
+  const float* const* q = q_in;
+  if (KvTypeIsRotated(kv.k_type)) {
+    const int32_t hk = shape.head_dim_k;
+    q_rotated.resize(static_cast<size_t>(n_queries) * hk);
+    q_pointers.resize(n_queries);
+    for (int j = 0; j < n_queries; ++j) {
+      float* r = q_rotated.data() + static_cast<size_t>(j) * hk;
+      std::copy(q_in[j], q_in[j] + hk, r);
+      RotateForward(r, hk);
+      q_pointers[j] = r;
+    }
+    q = q_pointers.data();
+  }
   int i = 0;
   for (; i + kTile <= n_queries; i += kTile) {
     AttendTile<kTile>(shape, kv, q + i, n_keys + i, out + i, o);
@@ -186,6 +318,10 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
     default:
       break;
   }
+  // Values stored rotated give a rotated weighted sum: rotate it back.
+  if (KvTypeIsRotated(kv.v_type)) {
+    for (int j = 0; j < n_queries; ++j) RotateBack(out[j], shape.head_dim_v);
+  }
 }
 
 void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
@@ -193,12 +329,15 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   for (int i = 0; i < n_queries; ++i) {
     KVS_CHECK(n_keys[i] >= 1);
+    std::vector<float> qi(q[i], q[i] + hk);
+    if (KvTypeIsRotated(kv.k_type)) RotateForward(qi.data(), hk);
     std::vector<double> s(static_cast<size_t>(n_keys[i]));
     for (int32_t j = 0; j < n_keys[i]; ++j) {
-      const float* kb = KeyBlock(kv, j / kKvBlockTokens);
+      const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
       double dot = 0.0;
-      for (int32_t d = 0; d < hk; ++d)
-        dot += static_cast<double>(q[i][d]) * kb[d * kKvBlockTokens + j % kKvBlockTokens];
+      for (int32_t d = 0; d < hk; ++d) {
+        dot += static_cast<double>(qi[d]) * LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
+      }
       s[j] = dot * shape.scale;
     }
     const double mx = *std::max_element(s.begin(), s.end());
@@ -207,10 +346,12 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
     for (int32_t d = 0; d < hv; ++d) {
       double acc = 0.0;
       for (int32_t j = 0; j < n_keys[i]; ++j) {
-        acc += s[j] * ValueBlock(kv, j / kKvBlockTokens)[(j % kKvBlockTokens) * hv + d];
+        acc += s[j] *
+               LoadValue(kv.v_type, ValueBlock(kv, j / kKvBlockTokens), hv, j % kKvBlockTokens, d);
       }
       out[i][d] = static_cast<float>(acc / sum);
     }
+    if (KvTypeIsRotated(kv.v_type)) RotateBack(out[i], hv);
   }
 }
 

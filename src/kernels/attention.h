@@ -1,27 +1,35 @@
 // Attention of queries over keys and values kept in blocks of 16 positions (the layout of the
-// paged KV cache): for one KV head, block b holds
+// paged KV cache), in any KV type (kv_types.h): for one KV head, block b holds
 //   keys   [head_dim_k][16]  (transposed: one 16-lane vector per dimension, so a query's 16
 //                             scores are head_dim_k broadcast FMAs, no horizontal sums)
 //   values [16][head_dim_v]  (rows: a probability times a row is a run of FMAs)
-// The kernel walks a query tile over the key blocks once, with an online softmax (running max
-// and sum per query), and never materialises a score row as long as the context.
+// each followed by its group scales. The kernel walks a query tile over the key blocks once,
+// widening one block at a time in registers, with an online softmax (running max and sum per
+// query); it never materialises a score row as long as the context, nor a dequantized cache.
+// Group scales factor out of the sums: a key group's partial dot products are scaled once per
+// group, a value row's codes once per row. For rotated types the queries are rotated on entry
+// and the outputs rotated back on exit.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/kv_types.h"
 
 namespace kvs {
 
 inline constexpr int kKvBlockTokens = 16;
 
 // Where one KV head's blocks are: logical block i is physical block block_ids[i], whose keys
-// start at k_base + id * k_block_stride and values at v_base + id * v_block_stride (floats).
+// start at k_base + id * k_block_stride and values at v_base + id * v_block_stride (bytes).
 struct KvHeadView {
-  const float* k_base = nullptr;
-  const float* v_base = nullptr;
+  const uint8_t* k_base = nullptr;
+  const uint8_t* v_base = nullptr;
   size_t k_block_stride = 0;
   size_t v_block_stride = 0;
   const int32_t* block_ids = nullptr;
+  KvType k_type = KvType::kF32;
+  KvType v_type = KvType::kF32;
 };
 
 struct AttentionShape {
@@ -37,15 +45,16 @@ struct AttentionShape {
 void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
             const int32_t* n_keys, int n_queries, float* const* out);
 
-// Scalar twin in double with a plain two-pass softmax. Tests only.
+// Scalar twin in double with a plain two-pass softmax over the scalar dequantizers of
+// kv_quant.h. Tests only.
 void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
                      const int32_t* n_keys, int n_queries, float* const* out);
 
-// Logical block i of one head: keys [head_dim_k][16] and values [16][head_dim_v].
-inline const float* KeyBlock(const KvHeadView& kv, int32_t i) {
+// Logical block i of one head: the head blocks of its keys and values.
+inline const uint8_t* KeyBlock(const KvHeadView& kv, int32_t i) {
   return kv.k_base + static_cast<size_t>(kv.block_ids[i]) * kv.k_block_stride;
 }
-inline const float* ValueBlock(const KvHeadView& kv, int32_t i) {
+inline const uint8_t* ValueBlock(const KvHeadView& kv, int32_t i) {
   return kv.v_base + static_cast<size_t>(kv.block_ids[i]) * kv.v_block_stride;
 }
 

@@ -1,11 +1,15 @@
 #include "kv/kv_storage.h"
 
+#include <utility>
+
 #include "core/check.h"
 
 namespace kvs {
 
-size_t KvGeometry::BytesPerToken() const {
-  return static_cast<size_t>(n_layer) * n_head_kv * (head_dim_k + head_dim_v) * sizeof(float);
+size_t KvGeometry::BytesPerBlock() const {
+  const size_t head_blocks =
+      KvHeadBlockBytes(k_type, head_dim_k) + KvHeadBlockBytes(v_type, head_dim_v);
+  return static_cast<size_t>(n_layer) * n_head_kv * head_blocks * (block_size / kKvBlockTokens);
 }
 
 Status KvGeometry::Validate() const {
@@ -18,26 +22,39 @@ Status KvGeometry::Validate() const {
         "reads %d positions at a time)",
         block_size, kKvBlockTokens, kKvBlockTokens, kKvBlockTokens));
   }
-  return Status::Ok();
+  KVS_RETURN_IF_ERROR(ValidateKvType(k_type, head_dim_k));
+  return ValidateKvType(v_type, head_dim_v);
 }
 
 KvStorage::KvStorage(const KvGeometry& geometry, int32_t n_blocks)
     : geometry_(geometry), n_blocks_(n_blocks) {
   KVS_CHECK(geometry.Validate().ok() && n_blocks >= 1);
-  const size_t positions = static_cast<size_t>(n_blocks) * geometry.block_size;
-  const size_t k_floats = positions * geometry.n_head_kv * geometry.head_dim_k;
-  const size_t v_floats = positions * geometry.n_head_kv * geometry.head_dim_v;
-  memory_ = AllocateAligned<float>((k_floats + v_floats) * geometry.n_layer);
-  float* p = memory_.get();
+  const size_t kernel_blocks =
+      static_cast<size_t>(n_blocks) * (geometry.block_size / kKvBlockTokens);
+  KvLayerView layer;
+  layer.n_head_kv = geometry.n_head_kv;
+  layer.head_dim_k = geometry.head_dim_k;
+  layer.head_dim_v = geometry.head_dim_v;
+  layer.k_type = geometry.k_type;
+  layer.v_type = geometry.v_type;
+  const size_t k_bytes = kernel_blocks * layer.k_block_stride();
+  const size_t v_bytes = kernel_blocks * layer.v_block_stride();
+  memory_ = AllocateAligned<uint8_t>((k_bytes + v_bytes) * geometry.n_layer);
+  uint8_t* p = memory_.get();
   for (int32_t l = 0; l < geometry.n_layer; ++l) {
-    KvLayerView layer;
     layer.k = p;
-    layer.v = p + k_floats;
-    layer.n_head_kv = geometry.n_head_kv;
-    layer.head_dim_k = geometry.head_dim_k;
-    layer.head_dim_v = geometry.head_dim_v;
+    layer.v = p + k_bytes;
     layers_.push_back(layer);
-    p += k_floats + v_floats;
+    p += k_bytes + v_bytes;
+  }
+}
+
+void KvStorage::SetKeyOffsets(std::vector<float> offsets) {
+  const size_t per_layer = static_cast<size_t>(geometry_.n_head_kv) * geometry_.head_dim_k;
+  KVS_CHECK(offsets.size() == per_layer * geometry_.n_layer);
+  key_offsets_ = std::move(offsets);
+  for (int32_t l = 0; l < geometry_.n_layer; ++l) {
+    layers_[l].k_offset = key_offsets_.data() + l * per_layer;
   }
 }
 

@@ -19,10 +19,12 @@ struct KvGeometry {
   int32_t head_dim_k = 0;
   int32_t head_dim_v = 0;
   int32_t block_size = 16;  // positions per pool block, a multiple of kKvBlockTokens
+  KvType k_type = KvType::kF32;
+  KvType v_type = KvType::kF32;
 
-  // K and V bytes of one position in all layers, and of one pool block.
-  size_t BytesPerToken() const;
-  size_t BytesPerBlock() const { return BytesPerToken() * block_size; }
+  // K and V bytes of one pool block in all layers, and per position (a block's share).
+  size_t BytesPerBlock() const;
+  double BytesPerToken() const { return static_cast<double>(BytesPerBlock()) / block_size; }
   Status Validate() const;
 };
 
@@ -37,12 +39,16 @@ class KvStorage {
   // Kernel blocks (16 positions) per pool block.
   int32_t kernel_blocks_per_block() const { return geometry_.block_size / kKvBlockTokens; }
   const std::vector<KvLayerView>& layers() const { return layers_; }
+  // Key offsets [n_layer][n_head_kv][head_dim_k] (see KvLayerView::k_offset); set before the
+  // first write, as every key of a head must be stored with the same one.
+  void SetKeyOffsets(std::vector<float> offsets);
 
  private:
   KvGeometry geometry_;
   int32_t n_blocks_;
-  AlignedPtr<float> memory_;  // [n_layer][K: n_blocks * block_size * k_dim | V: ... v_dim]
+  AlignedPtr<uint8_t> memory_;  // [n_layer][K: kernel blocks of K head blocks | V: ...]
   std::vector<KvLayerView> layers_;
+  std::vector<float> key_offsets_;
 };
 
 }  // namespace kvs

@@ -102,6 +102,15 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
                   w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
   for (int32_t i = 0; i < n; ++i)
     RopeAngles(b.positions[i], rope, rope_.data() + static_cast<size_t>(i) * c_.n_rot);
+  // Runs of tokens that write into the same kernel block go to one thread: quantized codes of
+  // neighbouring positions share bytes.
+  write_runs_.clear();
+  for (int32_t i = 0; i < n; ++i) {
+    if (i == 0 || b.slots[i] / kKvBlockTokens != b.slots[i - 1] / kKvBlockTokens) {
+      write_runs_.push_back(i);
+    }
+  }
+  write_runs_.push_back(n);
 
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -130,8 +139,8 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
         if (!L.k_norm.empty()) RmsNorm(kh, L.k_norm.data(), c_.head_dim_k, c_.rms_eps, kh);
         ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
       }
-      WriteKv(kv[l], b.slots[i], ki, vi);
     });
+    WriteKv(b, kv[l]);
     Attention(b, kv[l]);
     MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
@@ -149,6 +158,23 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
     MatMul(L.w_down, gate_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
   }
+}
+
+void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv) {
+  const size_t n_runs = write_runs_.size() - 1;
+  auto write_run = [&](size_t r) {
+    for (int32_t i = write_runs_[r]; i < write_runs_[r + 1]; ++i) {
+      kvs::WriteKv(kv, b.slots[i], k_.data() + static_cast<size_t>(i) * c_.k_dim(),
+                   v_.data() + static_cast<size_t>(i) * c_.v_dim());
+    }
+  };
+  if (n_runs == 1) {
+    write_run(0);
+    return;
+  }
+  pool_.ParallelFor(n_runs, 1, [&](int, size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) write_run(r);
+  });
 }
 
 void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {

@@ -29,6 +29,8 @@ class ForwardPass {
  private:
   Status Validate(const RaggedBatch& batch, std::span<const KvLayerView> kv) const;
   void Layers(const RaggedBatch& batch, std::span<const KvLayerView> kv);
+  // Stores the ubatch's K/V (k_, v_) into its slots of one layer.
+  void WriteKv(const RaggedBatch& batch, const KvLayerView& kv);
   void Attention(const RaggedBatch& batch, const KvLayerView& kv);
   void Reserve(int32_t n);
   // Runs fn(i) for every token of the ubatch, split over the pool when there are several.
@@ -45,6 +47,8 @@ class ForwardPass {
     int32_t first_query;
   };
   std::vector<AttentionChunk> chunks_;
+  // Token ranges [write_runs_[r], write_runs_[r + 1]) whose slots share a kernel block.
+  std::vector<int32_t> write_runs_;
   AlignedBuffer x_;     // [n][n_embd] residual stream
   AlignedBuffer xn_;    // [n][n_embd] normalized input of a sublayer
   AlignedBuffer q_;     // [n][n_head * head_dim_k]

@@ -1,0 +1,73 @@
+#include "engine/key_offsets.h"
+
+#include "core/check.h"
+#include "engine/model_runner.h"
+#include "kernels/kv_quant.h"
+#include "kv/kv_storage.h"
+#include "model/forward.h"
+
+namespace kvs {
+
+namespace {
+
+// Ordinary narrative prose: what most prompts look like to a model, and nothing model-specific.
+constexpr char kCalibrationText[] =
+    "On a quiet morning the old man walked down to the harbour, as he had done every day for "
+    "forty years. The boats were already out, and the water was calm and grey. He sat on the "
+    "bench by the wall, opened his bag and took out a small loaf of bread. A girl came running "
+    "along the pier with her dog, laughing, and asked him whether the fishermen would be back "
+    "before lunch. He smiled and said that they always came back when the tide turned.";
+
+}  // namespace
+
+std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_vocab) {
+  constexpr size_t kMaxTokens = 64;
+  std::vector<int32_t> tokens;
+  if (tokenizer != nullptr) {
+    tokens = tokenizer->Encode(kCalibrationText, /*add_special=*/true, /*parse_special=*/false);
+  }
+  if (tokens.size() < 16) {
+    tokens.resize(kMaxTokens);
+    for (size_t i = 0; i < kMaxTokens; ++i) {
+      tokens[i] = static_cast<int32_t>((static_cast<uint64_t>(i + 1) * 2654435761u) % n_vocab);
+    }
+  }
+  if (tokens.size() > kMaxTokens) tokens.resize(kMaxTokens);
+  return tokens;
+}
+
+std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
+                                     const std::vector<int32_t>& tokens) {
+  const ModelConfig& c = model.config();
+  const int32_t n_tokens = static_cast<int32_t>(tokens.size());
+  KVS_CHECK(n_tokens >= 1);
+  const int32_t n_blocks = (n_tokens + kKvBlockTokens - 1) / kKvBlockTokens;
+  KvStorage storage(ModelKvGeometry(c, kKvBlockTokens), n_blocks + 1);
+  std::vector<int32_t> blocks(n_blocks);
+  for (int32_t b = 0; b < n_blocks; ++b) blocks[b] = b + 1;
+  RaggedBatch batch;
+  batch.AddSequence(tokens.data(), n_tokens, 0, blocks, 0);
+  ForwardPass forward(model, pool);
+  const Status st = forward.Run(batch, storage.layers(), nullptr);
+  KVS_CHECK_MSG(st.ok(), "key calibration run failed");
+
+  const int32_t hk = c.head_dim_k;
+  std::vector<float> offsets(static_cast<size_t>(c.n_layer) * c.n_head_kv * hk);
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    for (int32_t h = 0; h < c.n_head_kv; ++h) {
+      const KvHeadView view = storage.layers()[l].Head(h, blocks.data());
+      float* mean = offsets.data() + (static_cast<size_t>(l) * c.n_head_kv + h) * hk;
+      for (int32_t d = 0; d < hk; ++d) {
+        double sum = 0;
+        for (int32_t p = 0; p < n_tokens; ++p) {
+          sum +=
+              LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d, p % kKvBlockTokens);
+        }
+        mean[d] = static_cast<float>(sum / n_tokens);
+      }
+    }
+  }
+  return offsets;
+}
+
+}  // namespace kvs
