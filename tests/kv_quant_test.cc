@@ -154,25 +154,25 @@ TEST(KvQuant, StoreLoadRoundTrip) {
   }
 }
 
-TEST(KvQuant, Turbo4BeatsQ4_0OnKeysWithOutlierChannels) {
-  // Keys with a few large channels shared by every position: q4_0's groups around them lose
-  // their other dims; the rotation spreads the outliers first.
+TEST(KvQuant, Turbo4BeatsQ4_0OnKeysWithUnevenChannels) {
+  // Keys whose channels differ in scale (0.3x to 4x) from position to position alike. Both types
+  // rotate them into near-Gaussian coordinates; there turbo4's Gaussian codebook and
+  // error-minimising scale beat q4_0's uniform grid set by each group's extreme value.
   const int32_t n = 64;
   double err_q4 = 0, err_t4 = 0;
-  for (int32_t pos = 0; pos < 16; ++pos) {
+  for (int32_t pos = 0; pos < 64; ++pos) {
     std::vector<float> x = Gaussian(n, 7 + pos);
-    x[3] += 12.0f;
-    x[40] -= 9.0f;
+    for (int32_t d = 0; d < n; ++d) x[d] *= 0.3f + 3.7f * static_cast<float>((d * 37) % n) / n;
     for (KvType t : {KvType::kQ4_0, KvType::kTurbo4}) {
       std::vector<uint8_t> kb(KvHeadBlockBytes(t, n));
-      StoreKey(t, kb.data(), n, pos, x.data());
+      StoreKey(t, kb.data(), n, pos % 16, x.data());
       std::vector<float> back(n);
-      for (int32_t d = 0; d < n; ++d) back[d] = LoadKey(t, kb.data(), n, d, pos);
-      if (KvTypeIsRotated(t)) RotateBack(back.data(), n);
+      for (int32_t d = 0; d < n; ++d) back[d] = LoadKey(t, kb.data(), n, d, pos % 16);
+      RotateBack(back.data(), n);
       (t == KvType::kQ4_0 ? err_q4 : err_t4) += RelativeError(x, back);
     }
   }
-  EXPECT_LT(err_t4, 0.6 * err_q4);
+  EXPECT_LT(err_t4, 0.95 * err_q4);  // about 0.92: 20% less squared error
 }
 
 }  // namespace

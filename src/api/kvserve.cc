@@ -103,7 +103,11 @@ std::string ModelFingerprint(const kvs::Model& m) {
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model,
                                      const EngineOptions& engine) {
   kvs::RequestOptions r;
-  const std::string kv_types = "k:" + engine.cache_type_k + ",v:" + engine.cache_type_v;
+  // Quantized keys are stored less offsets measured for the context size (key_offsets.h).
+  std::string kv_types = "k:" + engine.cache_type_k + ",v:" + engine.cache_type_v;
+  if (auto k = kvs::ParseKvType(engine.cache_type_k); k.ok() && kvs::KvTypeIsQuantized(*k)) {
+    kv_types += ",k_offsets_ctx:" + std::to_string(engine.n_ctx);
+  }
   r.cache_key = kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), kv_types, g.cache_salt);
   r.max_tokens = g.max_tokens;
   r.n = g.n;
@@ -199,7 +203,7 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   if (kvs::KvTypeIsQuantized(geometry.k_type)) {
     key_offsets = kvs::MeasureKeyOffsets(
         *model->impl().model, *impl->pool,
-        kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab));
+        kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab), o.n_ctx);
   }
   auto runner = std::make_unique<kvs::ModelRunner>(
       *model->impl().model, *impl->pool, ec.block_size, ec.n_blocks,

@@ -77,12 +77,12 @@ int RunSpeed(const SpeedArgs& a) {
   }
   ThreadPool pool(a.threads);
   std::vector<float> key_offsets;
+  const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
   if (KvTypeIsQuantized(types.k)) {
     auto tok = Tokenizer::FromGguf((*model)->file());
-    key_offsets = MeasureKeyOffsets(**model, pool,
-                                    KeyCalibrationTokens(tok ? tok->get() : nullptr, c.n_vocab));
+    key_offsets = MeasureKeyOffsets(
+        **model, pool, KeyCalibrationTokens(tok ? tok->get() : nullptr, c.n_vocab), n_ctx);
   }
-  const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
   SingleSequence forward(**model, pool, n_ctx, types, std::move(key_offsets));
   std::vector<float> logits(c.n_vocab);
   // Random tokens, as llama-bench uses: the content does not change the work done.

@@ -1,8 +1,11 @@
 #include "engine/key_offsets.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "engine/model_runner.h"
 #include "kernels/kv_quant.h"
+#include "kernels/ops.h"
 #include "kv/kv_storage.h"
 #include "model/forward.h"
 
@@ -37,7 +40,7 @@ std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_
 }
 
 std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
-                                     const std::vector<int32_t>& tokens) {
+                                     const std::vector<int32_t>& tokens, int32_t context) {
   const ModelConfig& c = model.config();
   const int32_t n_tokens = static_cast<int32_t>(tokens.size());
   KVS_CHECK(n_tokens >= 1);
@@ -51,21 +54,43 @@ std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
   const Status st = forward.Run(batch, storage.layers(), nullptr);
   KVS_CHECK_MSG(st.ok(), "key calibration run failed");
 
-  const int32_t hk = c.head_dim_k;
-  std::vector<float> offsets(static_cast<size_t>(c.n_layer) * c.n_head_kv * hk);
-  for (int32_t l = 0; l < c.n_layer; ++l) {
-    for (int32_t h = 0; h < c.n_head_kv; ++h) {
-      const KvHeadView view = storage.layers()[l].Head(h, blocks.data());
-      float* mean = offsets.data() + (static_cast<size_t>(l) * c.n_head_kv + h) * hk;
-      for (int32_t d = 0; d < hk; ++d) {
-        double sum = 0;
-        for (int32_t p = 0; p < n_tokens; ++p) {
-          sum +=
-              LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d, p % kKvBlockTokens);
+  // The keys' common part before RoPE: each calibration key turned back by its position.
+  const int32_t hk = c.head_dim_k, n_rot = c.n_rot;
+  const ModelWeights& w = model.weights();
+  const RopeParams rope{n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
+                        w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
+  std::vector<float> cos_sin(n_rot), key(hk);
+  std::vector<double> mean_pre(static_cast<size_t>(c.n_layer) * c.n_head_kv * hk, 0.0);
+  for (int32_t p = 0; p < n_tokens; ++p) {
+    RopeAngles(p, rope, cos_sin.data());
+    for (int32_t i = n_rot / 2; i < n_rot; ++i) cos_sin[i] = -cos_sin[i];  // rotate by -p
+    for (int32_t l = 0; l < c.n_layer; ++l) {
+      for (int32_t h = 0; h < c.n_head_kv; ++h) {
+        const KvHeadView view = storage.layers()[l].Head(h, blocks.data());
+        for (int32_t d = 0; d < hk; ++d) {
+          key[d] = LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d,
+                           p % kKvBlockTokens);
         }
-        mean[d] = static_cast<float>(sum / n_tokens);
+        ApplyRope(key.data(), cos_sin.data(), n_rot, c.rope_neox);
+        double* m = mean_pre.data() + (static_cast<size_t>(l) * c.n_head_kv + h) * hk;
+        for (int32_t d = 0; d < hk; ++d) m[d] += key[d] / n_tokens;
       }
     }
+  }
+  // The best single offset for positions 0..context-1 is that part rotated by each of them,
+  // averaged: RoPE is linear in its cos/sin, so rotate by the averaged cos/sin.
+  const int32_t n_pos = std::clamp(context, 1, 1 << 17);
+  std::vector<double> avg(n_rot, 0.0);
+  for (int32_t p = 0; p < n_pos; ++p) {
+    RopeAngles(p, rope, cos_sin.data());
+    for (int32_t i = 0; i < n_rot; ++i) avg[i] += cos_sin[i] / n_pos;
+  }
+  for (int32_t i = 0; i < n_rot; ++i) cos_sin[i] = static_cast<float>(avg[i]);
+  std::vector<float> offsets(mean_pre.size());
+  for (size_t head = 0; head < offsets.size() / hk; ++head) {
+    float* o = offsets.data() + head * hk;
+    for (int32_t d = 0; d < hk; ++d) o[d] = static_cast<float>(mean_pre[head * hk + d]);
+    ApplyRope(o, cos_sin.data(), n_rot, c.rope_neox);
   }
   return offsets;
 }

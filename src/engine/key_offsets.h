@@ -16,10 +16,12 @@ namespace kvs {
 // tokens, BOS first where the model adds one). Without a tokenizer: fixed pseudo-random ids.
 std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_vocab);
 
-// [n_layer][n_head_kv][head_dim_k]: the mean post-RoPE key over the calibration tokens at
-// positions 0.. . Deterministic: every cache of a model gets the same offsets, so cached blocks
-// stay interchangeable.
+// [n_layer][n_head_kv][head_dim_k]: the mean post-RoPE key of the calibration tokens placed at
+// positions spread evenly over [0, context). RoPE turns a key's common part with the position
+// (slowly in its low-frequency dims), so the offset that serves a cache best is the mean over the
+// positions the cache will hold. Deterministic for a model and context: every cache built with
+// the same ones gets the same offsets, so cached blocks stay interchangeable.
 std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
-                                     const std::vector<int32_t>& tokens);
+                                     const std::vector<int32_t>& tokens, int32_t context);
 
 }  // namespace kvs

@@ -51,7 +51,7 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
 
   std::vector<float> key_offsets;
   if (KvTypeIsQuantized(options.kv_types.k)) {
-    key_offsets = MeasureKeyOffsets(model, pool, options.calibration_tokens);
+    key_offsets = MeasureKeyOffsets(model, pool, options.calibration_tokens, n_ctx);
   }
   SingleSequence seq(model, pool, n_ctx, options.kv_types, std::move(key_offsets));
   std::unique_ptr<SingleSequence> base;

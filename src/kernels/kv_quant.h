@@ -1,5 +1,5 @@
 // Scalar quantize/dequantize of one head vector in a head block (layouts in kv_types.h), the
-// rotation of the turbo types, and their codebooks. The write path uses these directly (a token's
+// rotation of the quantized types, and the codebooks. The write path uses these directly (a token's
 // K/V is written once); the attention kernel has its own vector loaders and uses these as the
 // scalar twin it is tested against.
 #pragma once
@@ -18,7 +18,7 @@ void StoreValue(KvType t, uint8_t* head_block, int32_t head_dim, int32_t pos, co
 float LoadKey(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t dim, int32_t pos);
 float LoadValue(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t pos, int32_t dim);
 
-// The rotation R of the turbo types: x <- R x and x <- R^T x. R is orthogonal: a sign flip per
+// The rotation R of the quantized types: x <- R x and x <- R^T x. R is orthogonal: a sign flip per
 // dim (fixed pseudo-random signs), then a normalized Walsh-Hadamard transform on blocks of the
 // largest power of two dividing n (n itself for 8, 64, 128, 256; 16 blocks of 16 dims for 80).
 void RotateForward(float* x, int32_t n);

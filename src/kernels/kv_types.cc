@@ -74,7 +74,7 @@ bool KvTypeIsQuantized(KvType t) {
 }
 
 bool KvTypeIsRotated(KvType t) {
-  return t == KvType::kTurbo4 || t == KvType::kTurbo3;
+  return KvTypeIsQuantized(t);
 }
 
 int32_t KvGroupSize(KvType t, int32_t head_dim) {

@@ -3,11 +3,15 @@
 //   keys   data [head_dim][16 positions]   scales f16 [n_groups][16]   (transposed, as attention
 //                                                                        reads 16 keys per dim)
 //   values data [16 positions][head_dim]   scales f16 [16][n_groups]
-// Quantized types cut a head vector into groups of consecutive dims, one f16 scale per group:
-//   q8_0, q4_0     groups of 32 dims (16 or 8 where head_dim needs it), q4_0 as in GGML
+// Every quantized type first applies a fixed randomized Hadamard rotation to the head vector
+// (queries get the same one, so q.k is unchanged; attention outputs are rotated back): it spreads
+// the few large channels real keys carry over all dims, so no group's scale is set by one outlier.
+// Then each group of consecutive dims gets one f16 scale:
+//   q8_0, q4_0     groups of 32 dims (16 or 8 where head_dim needs it), codes as GGML's formats
 //   int8, fp8      one group per head vector (e4m3 for fp8)
-//   turbo4/turbo3  a fixed randomized Hadamard rotation of the head vector, then 4- or 3-bit codes
-//                  into a Lloyd-Max codebook for a unit Gaussian, groups as q8_0's
+//   turbo4/turbo3  4- or 3-bit codes into a Lloyd-Max codebook for a unit Gaussian (what rotated
+//                  coordinates look like) with the scale that minimises the group's squared
+//                  error; groups as q8_0's
 // Packing inside data: 4-bit codes two per byte (element 2i low nibble, 2i+1 high); 3-bit codes
 // in runs of 16 (8 at a row's end) as a plane of 2-bit low parts then a plane of high bits.
 #pragma once
@@ -42,7 +46,7 @@ std::string KvTypeNames();
 // Bits of one stored code (32, 16, 8, 4 or 3).
 int32_t KvCodeBits(KvType t);
 bool KvTypeIsQuantized(KvType t);  // carries scales
-bool KvTypeIsRotated(KvType t);    // turbo4, turbo3
+bool KvTypeIsRotated(KvType t);    // all quantized types
 // Dims per scale for a head vector of head_dim (0 for the float types).
 int32_t KvGroupSize(KvType t, int32_t head_dim);
 // Whether head_dim can be stored as t (quantized types need a multiple of 8).
