@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "engine/engine.h"
+#include "engine/key_offsets.h"
 #include "engine/model_runner.h"
 #include "testing/test_models.h"
 
@@ -33,10 +34,14 @@ std::vector<std::vector<int32_t>> Prompts() {
 }
 
 Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
-              EngineConfig cfg, int32_t max_tokens, int32_t rounds = 1) {
+              EngineConfig cfg, int32_t max_tokens, int32_t rounds = 1, KvTypes types = {}) {
   ThreadPool pool(2);
   cfg.verify_each_step = true;
-  ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks);
+  std::vector<float> key_offsets;
+  if (KvTypeIsQuantized(types.k)) {
+    key_offsets = MeasureKeyOffsets(model, pool, KeyCalibrationTokens(nullptr, 512), cfg.n_ctx);
+  }
+  ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks, types, std::move(key_offsets));
   Engine engine(cfg, runner);
   Outcome out;
   out.tokens.resize(prompts.size());
@@ -169,6 +174,29 @@ TEST_F(BatchedEqualsAlone, ForkedChoicesMatchTheirPromptAlone) {
   while (engine.HasWork()) ASSERT_TRUE(engine.Step().ok());
   ASSERT_EQ(choices.size(), 3u);
   for (const auto& [choice, tokens] : choices) EXPECT_EQ(tokens, alone_[2]) << choice;
+}
+
+// Quantized K/V (3-bit keys, whose codes of neighbouring positions share bytes, and 4-bit
+// values): a request still gives the same tokens alone, batched, chunked, preempted and served
+// from the prefix cache, since every position's codes depend only on its own K/V.
+TEST_F(BatchedEqualsAlone, QuantizedKvIsDeterministicAcrossSchedules) {
+  const KvTypes types{KvType::kTurbo3, KvType::kQ4_0};
+  std::vector<std::vector<int32_t>> quantized_alone;
+  for (const auto& p : Prompts()) {
+    quantized_alone.push_back(
+        Serve(*model_, {p}, Config(1, 512, 64), kMaxTokens, 1, types).tokens[0]);
+  }
+  EXPECT_NE(quantized_alone, alone_) << "3-bit keys should change some greedy tokens";
+  EXPECT_EQ(Serve(*model_, Prompts(), Config(8, 512, 64), kMaxTokens, 1, types).tokens,
+            quantized_alone);
+  EXPECT_EQ(Serve(*model_, Prompts(), Config(8, 7, 64), kMaxTokens, 1, types).tokens,
+            quantized_alone);
+  const Outcome tight = Serve(*model_, Prompts(), Config(8, 64, 13), kMaxTokens, 1, types);
+  EXPECT_GT(tight.preemptions, 0);
+  EXPECT_EQ(tight.tokens, quantized_alone);
+  const Outcome cached = Serve(*model_, Prompts(), Config(8, 64, 64), kMaxTokens, 2, types);
+  EXPECT_GT(cached.prefix_hits, 0);
+  EXPECT_EQ(cached.tokens, quantized_alone);
 }
 
 }  // namespace

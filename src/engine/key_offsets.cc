@@ -68,8 +68,8 @@ std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
       for (int32_t h = 0; h < c.n_head_kv; ++h) {
         const KvHeadView view = storage.layers()[l].Head(h, blocks.data());
         for (int32_t d = 0; d < hk; ++d) {
-          key[d] = LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d,
-                           p % kKvBlockTokens);
+          key[d] =
+              LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d, p % kKvBlockTokens);
         }
         ApplyRope(key.data(), cos_sin.data(), n_rot, c.rope_neox);
         double* m = mean_pre.data() + (static_cast<size_t>(l) * c.n_head_kv + h) * hk;
