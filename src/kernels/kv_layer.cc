@@ -13,7 +13,7 @@ void WriteKv(const KvLayerView& layer, int64_t slot, const float* k, const float
   uint8_t* kb = layer.k + static_cast<size_t>(block) * layer.k_block_stride();
   uint8_t* vb = layer.v + static_cast<size_t>(block) * layer.v_block_stride();
   const size_t kh = layer.k_head_bytes(), vh = layer.v_head_bytes();
-  std::vector<float> shifted;
+  thread_local std::vector<float> shifted;
   if (layer.k_offset != nullptr) {
     const size_t n = static_cast<size_t>(layer.n_head_kv) * layer.head_dim_k;
     shifted.resize(n);
