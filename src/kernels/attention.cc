@@ -81,16 +81,11 @@ void ScoreBlock(KvType t, const uint8_t* kb, int32_t hk, int32_t group, const fl
   }
 }
 
-// Per-lane scale of value dims c.. of a row whose group scales (f16) start at row_scales.
-inline __m512 ValueLaneScale(const uint8_t* row_scales, int32_t c, int32_t group, int32_t hv) {
-  auto scale_of = [&](int32_t g) {
-    uint16_t h;
-    std::memcpy(&h, row_scales + 2 * g, 2);
-    return _cvtsh_ss(h);
-  };
-  if (group >= 16) return _mm512_set1_ps(scale_of(c / group));
-  const float hi = c + 8 < hv ? scale_of(c / 8 + 1) : 0.0f;
-  return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(scale_of(c / 8)), _mm512_set1_ps(hi));
+// Per-lane scale of value dims c.. of a row whose group scales start at row_scales.
+inline __m512 ValueLaneScale(const float* row_scales, int32_t c, int32_t group, int32_t hv) {
+  if (group >= 16) return _mm512_set1_ps(row_scales[c / group]);
+  const float hi = c + 8 < hv ? row_scales[c / 8 + 1] : 0.0f;
+  return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(row_scales[c / 8]), _mm512_set1_ps(hi));
 }
 
 // o[i] = alpha[i] * o[i] + sum_j p[i][j] * v[j] over the block's first n_rows value rows, 64
@@ -101,8 +96,12 @@ void AccumulateBlock(KvType t, const uint8_t* vb, int32_t hv, int32_t group, con
   const Codec codec = MakeCodec<Codec>(t);
   const size_t row_bytes = static_cast<size_t>(hv) * Codec::kBits / 8;
   const int32_t n_groups = group == 0 ? 0 : hv / group;
-  const uint8_t* scales = vb + 16 * row_bytes;
-  const __m512 scale_mul = _mm512_set1_ps(Codec::kScaleMul);
+  // The block's value scales [16 rows][n_groups], widened once (kScaleMul folded in).
+  alignas(64) float scales[16 * 128];
+  for (int32_t i = 0; i < n_groups; ++i) {
+    _mm512_store_ps(scales + 16 * i, _mm512_mul_ps(simd::Halves16(vb + 16 * row_bytes + 32 * i),
+                                                   _mm512_set1_ps(Codec::kScaleMul)));
+  }
   for (int32_t c0 = 0; c0 < hv; c0 += 64) {
     const int n_vec = std::min(4, (hv - c0 + 15) / 16);
     __m512 acc[Q][4];
@@ -120,9 +119,7 @@ void AccumulateBlock(KvType t, const uint8_t* vb, int32_t hv, int32_t group, con
         const int32_t c = c0 + 16 * v;
         vr[v] = codec.Values(row, c, std::min(16, hv - c));
         if (group != 0) {
-          const __m512 sc =
-              ValueLaneScale(scales + 2 * static_cast<size_t>(j) * n_groups, c, group, hv);
-          vr[v] = _mm512_mul_ps(vr[v], _mm512_mul_ps(sc, scale_mul));
+          vr[v] = _mm512_mul_ps(vr[v], ValueLaneScale(scales + j * n_groups, c, group, hv));
         }
       }
       for (int i = 0; i < Q; ++i) {
@@ -192,6 +189,13 @@ AccumulateFn<Q> AccumulateFor(KvType t) {
   return nullptr;
 }
 
+constexpr int32_t kPrefetchBlocks = 2;
+
+inline void PrefetchBytes(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
 // Q queries over every key block they need. o holds Q rows of the output accumulator, each
 // padded to a multiple of 16 floats.
 template <int Q>
@@ -211,7 +215,15 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
   std::fill(o, o + Q * hv_pad, 0.0f);
   alignas(64) float p[Q][16];
 
-  for (int32_t blk = 0; blk * kKvBlockTokens < max_keys; ++blk) {
+  const int32_t n_blocks = (max_keys + kKvBlockTokens - 1) / kKvBlockTokens;
+  const size_t k_bytes = KvHeadBlockBytes(kv.k_type, hk), v_bytes = KvHeadBlockBytes(kv.v_type, hv);
+  for (int32_t blk = 0; blk < n_blocks; ++blk) {
+    // A head's blocks lie n_head_kv head blocks apart at least (pages apart, in table order):
+    // the hardware prefetcher does not follow, so fetch the block after next ahead of use.
+    if (blk + kPrefetchBlocks < n_blocks) {
+      PrefetchBytes(KeyBlock(kv, blk + kPrefetchBlocks), k_bytes);
+      PrefetchBytes(ValueBlock(kv, blk + kPrefetchBlocks), v_bytes);
+    }
     __m512 s_raw[Q];
     scores(kv.k_type, KeyBlock(kv, blk), hk, k_group, q, s_raw);
     // Online softmax: rescale what came before by exp(old max - new max).

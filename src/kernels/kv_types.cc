@@ -88,11 +88,12 @@ int32_t KvGroupSize(KvType t, int32_t head_dim) {
 }
 
 Status ValidateKvType(KvType t, int32_t head_dim) {
-  if (KvTypeIsQuantized(t) && (head_dim <= 0 || head_dim % 8 != 0)) {
-    return Status::Error(StrFormat(
-        "KV cache type %s needs a head size that is a multiple of 8; this model's is %d (use "
-        "f16, bf16 or f32)",
-        std::string(KvTypeName(t)).c_str(), head_dim));
+  if (KvTypeIsQuantized(t) && (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 1024)) {
+    return Status::Error(
+        StrFormat("KV cache type %s needs a head size that is a multiple of 8 up to 1024; this "
+                  "model's is %d (use "
+                  "f16, bf16 or f32)",
+                  std::string(KvTypeName(t)).c_str(), head_dim));
   }
   return Status::Ok();
 }
