@@ -52,10 +52,12 @@ print("%.2f/%.2f | %+.3f%% | %.2e | %.1f%%" % (j["bits_k"], j["bits_v"], j["delt
         --kl-divergence-base "$TMP/base.kld" --kl-divergence >"$TMP/peer.log" 2>&1; then
         peer=$(python3 -c "
 q, b, kl, top = '$(peer_field "$TMP/peer.log" 'Mean PPL(Q)')', '$(peer_field "$TMP/peer.log" 'Mean PPL(base)')', '$(peer_field "$TMP/peer.log" 'Mean    KLD')', '$(peer_field "$TMP/peer.log" 'Same top p')'
-print('%+.3f%% | %.2e | %.1f%%' % (100 * (float(q) / float(b) - 1), float(kl), float(top)))" 2>/dev/null ||
+# llama-perplexity prints no KL summary when every chunk's divergence is exactly 0.
+print('%+.3f%% | %s | %s' % (100 * (float(q) / float(b) - 1), '%.2e' % float(kl) if kl else '0 (no summary)',
+      '%.1f%%' % float(top) if top else '100% (no summary)'))" 2>/dev/null ||
           echo "error | |")
       else
-        peer="refused: $(grep -m1 -iE 'error|fail' "$TMP/peer.log" | cut -c1-60) | |"
+        peer="refused: $(grep -m1 -E ' E ' "$TMP/peer.log" | sed 's/^[0-9. ]*E *[a-z_]*: *//' | cut -c1-70) | |"
       fi
     fi
     echo "| $k/$v | $ours | $peer |"
