@@ -18,6 +18,7 @@
 #include "tensor/dtype.h"
 #include "tensor/kquants.h"
 #include "tensor/quantize.h"
+#include "testing/random.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -36,14 +37,6 @@ float Bits(uint32_t b) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
-}
-
-std::vector<float> RandomVector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,7 +149,7 @@ std::vector<float> RoundTrip(DType t, const std::vector<float>& x) {
 }
 
 TEST(Quantize, FloatTypesRoundTripWithinTheirPrecision) {
-  std::vector<float> x = RandomVector(4096, 1, 3.0f);
+  std::vector<float> x = testing::GaussianVector(4096, 1, 3.0f);
   EXPECT_EQ(RoundTrip(DType::kF32, x), x);
   std::vector<float> h = RoundTrip(DType::kF16, x), b = RoundTrip(DType::kBF16, x);
   for (size_t i = 0; i < x.size(); ++i) {
@@ -219,7 +212,7 @@ TEST(Quantize, ZeroBlocksStayZero) {
 
 TEST(Quantize, BlockTypesRoundTripWithinHalfAStep) {
   // Blocks of very different magnitudes, including one far below the rest.
-  std::vector<float> x = RandomVector(32 * 64, 2);
+  std::vector<float> x = testing::GaussianVector(32 * 64, 2);
   for (size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i / 32 % 9) - 4);
   for (size_t i = 32 * 7; i < 32 * 8; ++i) x[i] *= 1e-3f;
   for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
@@ -249,7 +242,7 @@ TEST(Quantize, BlockTypesRoundTripWithinHalfAStep) {
 
 TEST(Quantize, MatrixQuantizesEachRow) {
   const int64_t rows = 3, cols = 96;
-  std::vector<float> x = RandomVector(rows * cols, 3);
+  std::vector<float> x = testing::GaussianVector(rows * cols, 3);
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
     std::vector<uint8_t> m = QuantizeMatrix(t, x.data(), rows, cols);
     const size_t rb = RowBytes(t, cols);
@@ -304,7 +297,7 @@ struct TestMatrix {
 // Rows get scales over four decades so that per-row (and per-block) scaling is exercised.
 // row_bytes may exceed the packed size to check that kernels honour the stride.
 TestMatrix MakeMatrix(DType t, int64_t rows, int64_t cols, uint32_t seed, size_t pad = 0) {
-  std::vector<float> w = RandomVector(static_cast<size_t>(rows * cols), seed);
+  std::vector<float> w = testing::GaussianVector(static_cast<size_t>(rows * cols), seed);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) w[r * cols + c] *= std::pow(10.0f, (r % 5) - 2.0f);
   TestMatrix m;
@@ -322,7 +315,7 @@ TestMatrix MakeMatrix(DType t, int64_t rows, int64_t cols, uint32_t seed, size_t
 }
 
 std::vector<float> Activations(int64_t n_tokens, int64_t cols, uint32_t seed) {
-  std::vector<float> x = RandomVector(static_cast<size_t>(n_tokens * cols), seed);
+  std::vector<float> x = testing::GaussianVector(static_cast<size_t>(n_tokens * cols), seed);
   // A few large outliers per token, as real activations have; they set the block scales.
   for (int64_t t = 0; t < n_tokens; ++t) x[t * cols + (t * 7) % cols] *= 20.0f;
   return x;

@@ -18,17 +18,10 @@
 
 #include "gguf/gguf_reader.h"
 #include "tensor/dtype.h"
+#include "testing/random.h"
 
 namespace kvs {
 namespace {
-
-std::vector<float> RandomVector(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 double RelRms(const float* got, const float* want, size_t n) {
   double err = 0.0, ref = 0.0;
@@ -98,7 +91,7 @@ std::vector<float> RoundTrip(const RoundTripCase& c, const std::vector<float>& x
 TEST(KQuantRoundTrip, GaussianErrorWithinBound) {
   for (const RoundTripCase& c : kRoundTrips) {
     SCOPED_TRACE(std::string(DTypeName(c.type)));
-    std::vector<float> x = RandomVector(256 * 64, 7, 0.02f);
+    std::vector<float> x = testing::GaussianVector(256 * 64, 7, 0.02f);
     std::vector<float> y = RoundTrip(c, x);
     const double err = RelRms(y.data(), x.data(), x.size());
     std::printf("  round trip %-5s rel RMS %.4f (bound %.2f)\n", DTypeName(c.type).data(), err,
@@ -109,7 +102,7 @@ TEST(KQuantRoundTrip, GaussianErrorWithinBound) {
 }
 
 TEST(KQuantRoundTrip, QuantizeRowKQuantDispatches) {
-  std::vector<float> x = RandomVector(256, 3, 1.0f);
+  std::vector<float> x = testing::GaussianVector(256, 3, 1.0f);
   for (const RoundTripCase& c : kRoundTrips) {
     std::vector<uint8_t> a(RowBytes(c.type, 256)), b(a.size());
     c.quantize(x.data(), a.data(), 256);
@@ -126,13 +119,13 @@ TEST(KQuantRoundTrip, QuantizeRowKQuantDispatches) {
 TEST(KQuantRoundTrip, AwkwardRows) {
   // Sub-blocks whose magnitudes differ by 1000x share one super-block scale; all-positive and
   // all-negative data exercise the min (which is never positive); zeros must stay zeros.
-  std::vector<float> mixed = RandomVector(512, 11, 1.0f);
+  std::vector<float> mixed = testing::GaussianVector(512, 11, 1.0f);
   for (size_t i = 0; i < mixed.size(); ++i) mixed[i] *= (i / 32) % 2 ? 1e-3f : 1.0f;
-  std::vector<float> positive = RandomVector(512, 12, 1.0f);
+  std::vector<float> positive = testing::GaussianVector(512, 12, 1.0f);
   for (float& v : positive) v = 3.0f + std::fabs(v);
   std::vector<float> negative = positive;
   for (float& v : negative) v = -v;
-  std::vector<float> outlier = RandomVector(512, 13, 0.01f);
+  std::vector<float> outlier = testing::GaussianVector(512, 13, 0.01f);
   outlier[100] = 5.0f;
   for (const RoundTripCase& c : kRoundTrips) {
     SCOPED_TRACE(std::string(DTypeName(c.type)));

@@ -12,20 +12,13 @@
 #include "kernels/kv_layer.h"
 #include "kernels/kv_quant.h"
 #include "kernels/kv_types.h"
+#include "testing/random.h"
 
 namespace kvs {
 namespace {
 
 std::string Name(KvType t) {
   return std::string(KvTypeName(t));
-}
-
-std::vector<float> Gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> x(n);
-  for (float& v : x) v = dist(rng);
-  return x;
 }
 
 // Relative RMS error each type may make on a Gaussian head vector with one outlier dim (as keys
@@ -101,7 +94,7 @@ TEST(KvQuant, E4m3RoundTripsEveryCode) {
 
 TEST(KvQuant, RotationIsOrthogonal) {
   for (int32_t n : {8, 16, 64, 80, 96, 128, 256}) {
-    const std::vector<float> q = Gaussian(n, 1), k = Gaussian(n, 2);
+    const std::vector<float> q = testing::GaussianVector(n, 1), k = testing::GaussianVector(n, 2);
     std::vector<float> qr = q, kr = k;
     RotateForward(qr.data(), n);
     RotateForward(kr.data(), n);
@@ -132,7 +125,7 @@ TEST(KvQuant, StoreLoadRoundTrip) {
       std::vector<uint8_t> kb(KvHeadBlockBytes(t, n), 0xAB), vb(KvHeadBlockBytes(t, n), 0xCD);
       std::vector<std::vector<float>> x(16);
       for (int32_t pos = 0; pos < 16; ++pos) {
-        x[pos] = Gaussian(n, 100 * n + pos);
+        x[pos] = testing::GaussianVector(n, 100 * n + pos);
         x[pos][pos % n] *= 6.0f;  // an outlier dim
         StoreKey(t, kb.data(), n, pos, x[pos].data());
         StoreValue(t, vb.data(), n, pos, x[pos].data());
@@ -161,7 +154,7 @@ TEST(KvQuant, Turbo4BeatsQ4_0OnKeysWithUnevenChannels) {
   const int32_t n = 64;
   double err_q4 = 0, err_t4 = 0;
   for (int32_t pos = 0; pos < 64; ++pos) {
-    std::vector<float> x = Gaussian(n, 7 + pos);
+    std::vector<float> x = testing::GaussianVector(n, 7 + pos);
     for (int32_t d = 0; d < n; ++d) x[d] *= 0.3f + 3.7f * static_cast<float>((d * 37) % n) / n;
     for (KvType t : {KvType::kQ4_0, KvType::kTurbo4}) {
       std::vector<uint8_t> kb(KvHeadBlockBytes(t, n));
