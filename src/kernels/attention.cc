@@ -143,50 +143,40 @@ template <int Q>
 using AccumulateFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const float (*)[16],
                               const float*, int32_t, float*, int32_t);
 
-template <int Q>
-ScoreFn<Q> ScoreFor(KvType t) {
+// Calls visit(std::type_identity<Codec>{}) with the codec that reads type t's codes.
+template <class Visit>
+auto WithCodec(KvType t, Visit visit) {
   switch (t) {
     case KvType::kF32:
-      return &ScoreBlock<kv_simd::F32Codec, Q>;
+      return visit(std::type_identity<kv_simd::F32Codec>{});
     case KvType::kF16:
-      return &ScoreBlock<kv_simd::F16Codec, Q>;
+      return visit(std::type_identity<kv_simd::F16Codec>{});
     case KvType::kBF16:
-      return &ScoreBlock<kv_simd::BF16Codec, Q>;
+      return visit(std::type_identity<kv_simd::BF16Codec>{});
     case KvType::kQ8_0:
     case KvType::kInt8:
-      return &ScoreBlock<kv_simd::Int8Codec, Q>;
+      return visit(std::type_identity<kv_simd::Int8Codec>{});
     case KvType::kFp8:
-      return &ScoreBlock<kv_simd::Fp8Codec, Q>;
+      return visit(std::type_identity<kv_simd::Fp8Codec>{});
     case KvType::kQ4_0:
     case KvType::kTurbo4:
-      return &ScoreBlock<kv_simd::Nibble4Codec, Q>;
+      return visit(std::type_identity<kv_simd::Nibble4Codec>{});
     case KvType::kTurbo3:
-      return &ScoreBlock<kv_simd::Bit3Codec, Q>;
+      return visit(std::type_identity<kv_simd::Bit3Codec>{});
   }
-  return nullptr;
+  return decltype(visit(std::type_identity<kv_simd::F32Codec>{})){};
+}
+
+template <int Q>
+ScoreFn<Q> ScoreFor(KvType t) {
+  return WithCodec(t,
+                   []<class C>(std::type_identity<C>) -> ScoreFn<Q> { return &ScoreBlock<C, Q>; });
 }
 
 template <int Q>
 AccumulateFn<Q> AccumulateFor(KvType t) {
-  switch (t) {
-    case KvType::kF32:
-      return &AccumulateBlock<kv_simd::F32Codec, Q>;
-    case KvType::kF16:
-      return &AccumulateBlock<kv_simd::F16Codec, Q>;
-    case KvType::kBF16:
-      return &AccumulateBlock<kv_simd::BF16Codec, Q>;
-    case KvType::kQ8_0:
-    case KvType::kInt8:
-      return &AccumulateBlock<kv_simd::Int8Codec, Q>;
-    case KvType::kFp8:
-      return &AccumulateBlock<kv_simd::Fp8Codec, Q>;
-    case KvType::kQ4_0:
-    case KvType::kTurbo4:
-      return &AccumulateBlock<kv_simd::Nibble4Codec, Q>;
-    case KvType::kTurbo3:
-      return &AccumulateBlock<kv_simd::Bit3Codec, Q>;
-  }
-  return nullptr;
+  return WithCodec(
+      t, []<class C>(std::type_identity<C>) -> AccumulateFn<Q> { return &AccumulateBlock<C, Q>; });
 }
 
 constexpr int32_t kPrefetchBlocks = 2;
