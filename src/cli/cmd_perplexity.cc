@@ -20,6 +20,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
     bool json = false;
     std::string cache_type_k = "f32", cache_type_v = "f32";
     bool kl_base = false;
+    std::string kl_base_type = "f32";
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = root.add_subcommand(
@@ -42,6 +43,10 @@ Runner AddPerplexityCommand(CLI::App& root) {
   cmd->add_flag("--kl-base", a->kl_base,
                 "Also run an f32 KV cache over the same chunks and report the change in "
                 "perplexity, the mean KL divergence from it and the top-1 agreement");
+  cmd->add_option("--kl-base-type", a->kl_base_type,
+                  "KV cache type (K and V) of the --kl-base run: f32, f16 or bf16 (f16 matches "
+                  "llama-perplexity's base with flash attention)")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with the result");
   return [a]() -> int {
     PerplexityOptions options;
@@ -54,6 +59,12 @@ Runner AddPerplexityCommand(CLI::App& root) {
       }
       *type = *parsed;
     }
+    auto base_type = ParseKvType(a->kl_base_type);
+    if (!base_type) {
+      std::fprintf(stderr, "error: --kl-base-type: %s\n", base_type.error().c_str());
+      return 1;
+    }
+    options.base_types = KvTypes{*base_type, *base_type};
     std::string path = a->model;
     if (!ResolveModelPath(path)) return 1;
     std::string text;
@@ -97,6 +108,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
       j["bits_k"] = KvBitsPerElement(options.kv_types.k, c.head_dim_k);
       j["bits_v"] = KvBitsPerElement(options.kv_types.v, c.head_dim_v);
       if (r->has_base) {
+        j["base_cache_type"] = a->kl_base_type;
         j["base_ppl"] = r->base_ppl;
         j["delta_ppl_pct"] = 100.0 * (r->ppl / r->base_ppl - 1.0);
         j["kl_mean"] = r->kl_mean;
@@ -111,9 +123,10 @@ Runner AddPerplexityCommand(CLI::App& root) {
           static_cast<long long>(r->n_scored), r->seconds);
       if (r->has_base) {
         std::printf(
-            "vs f32 KV (perplexity %.4f): %+.3f%% perplexity, mean KL %.6f, top-1 "
+            "vs %s KV (perplexity %.4f): %+.3f%% perplexity, mean KL %.6f, top-1 "
             "agreement %.2f%%\n",
-            r->base_ppl, 100.0 * (r->ppl / r->base_ppl - 1.0), r->kl_mean, r->top1_agree_pct);
+            a->kl_base_type.c_str(), r->base_ppl, 100.0 * (r->ppl / r->base_ppl - 1.0), r->kl_mean,
+            r->top1_agree_pct);
       }
     }
     return 0;

@@ -41,6 +41,12 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   }
   const KvGeometry geometry = ModelKvGeometry(model.config(), kKvBlockTokens, options.kv_types);
   KVS_RETURN_IF_ERROR(geometry.Validate());
+  if (options.kl_base &&
+      (KvTypeIsQuantized(options.base_types.k) || KvTypeIsQuantized(options.base_types.v))) {
+    return Status::Error(StrFormat("the KL base cache must be f32, f16 or bf16, not %s/%s",
+                                   std::string(KvTypeName(options.base_types.k)).c_str(),
+                                   std::string(KvTypeName(options.base_types.v)).c_str()));
+  }
   auto t0 = std::chrono::steady_clock::now();
   PerplexityResult r;
   r.n_tokens = static_cast<int64_t>(tokens.size());
@@ -55,7 +61,8 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   }
   SingleSequence seq(model, pool, n_ctx, options.kv_types, std::move(key_offsets));
   std::unique_ptr<SingleSequence> base;
-  if (options.kl_base) base = std::make_unique<SingleSequence>(model, pool, n_ctx, KvTypes{});
+  if (options.kl_base)
+    base = std::make_unique<SingleSequence>(model, pool, n_ctx, options.base_types);
   const size_t logit_floats = static_cast<size_t>(n_ctx - first) * n_vocab;
   std::vector<float> logits(logit_floats), base_logits(options.kl_base ? logit_floats : 0);
   std::vector<double> lp, base_lp;

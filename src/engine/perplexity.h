@@ -37,7 +37,8 @@ struct PerplexityOptions {
   KvTypes kv_types;     // the cache types being measured
   // Tokens to measure the key offsets of a quantized K type on (KeyCalibrationTokens).
   std::vector<int32_t> calibration_tokens;
-  bool kl_base = false;  // also run an f32/f32 cache and compare
+  bool kl_base = false;  // also run a cache of base_types and compare against it
+  KvTypes base_types;    // f32/f32 unless told; a quantized base is refused
 };
 
 // on_chunk(i, running_ppl) is called after each chunk (progress reporting).
