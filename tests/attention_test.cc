@@ -206,7 +206,7 @@ TEST(KvLayer, WriteThenReadThroughHeadViewsAndCopy) {
       }
       const int64_t slot =
           int64_t{blocks[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens;
-      WriteKv(layer, slot, kp.data(), vp.data());
+      WriteKv(layer, slot, pos, kp.data(), vp.data());
     }
     // What position pos of head h reads as, from a head block of its own.
     auto expect_at = [&](const KvHeadView& view, int32_t logical_block, int32_t pos, int32_t h) {

@@ -39,7 +39,8 @@ Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& promp
   cfg.verify_each_step = true;
   std::vector<float> key_offsets;
   if (KvTypeIsQuantized(types.k)) {
-    key_offsets = MeasureKeyOffsets(model, pool, KeyCalibrationTokens(nullptr, 512), cfg.n_ctx);
+    key_offsets =
+        MeasureKeyOffsets(model, pool, KeyCalibrationTokens(nullptr, 512), types.k, cfg.n_ctx);
   }
   ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks, types, std::move(key_offsets));
   Engine engine(cfg, runner);

@@ -103,9 +103,11 @@ std::string ModelFingerprint(const kvs::Model& m) {
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model,
                                      const EngineOptions& engine) {
   kvs::RequestOptions r;
-  // Quantized keys are stored less offsets measured for the context size (key_offsets.h).
+  // Quantized keys are stored less offsets from the model and, where they are constant, the
+  // context size (key_offsets.h).
   std::string kv_types = "k:" + engine.cache_type_k + ",v:" + engine.cache_type_v;
-  if (auto k = kvs::ParseKvType(engine.cache_type_k); k.ok() && kvs::KvTypeIsQuantized(*k)) {
+  if (auto k = kvs::ParseKvType(engine.cache_type_k);
+      k.ok() && kvs::KvTypeIsQuantized(*k) && !kvs::KvKeyOffsetFollowsRope(*k)) {
     kv_types += ",k_offsets_ctx:" + std::to_string(engine.n_ctx);
   }
   r.cache_key = kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), kv_types, g.cache_salt);
@@ -201,9 +203,10 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
       o.threads > 0 ? o.threads : kvs::ThreadPool::DefaultThreadCount());
   std::vector<float> key_offsets;
   if (kvs::KvTypeIsQuantized(geometry.k_type)) {
-    key_offsets = kvs::MeasureKeyOffsets(
-        *model->impl().model, *impl->pool,
-        kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab), o.n_ctx);
+    key_offsets =
+        kvs::MeasureKeyOffsets(*model->impl().model, *impl->pool,
+                               kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab),
+                               geometry.k_type, o.n_ctx);
   }
   auto runner = std::make_unique<kvs::ModelRunner>(
       *model->impl().model, *impl->pool, ec.block_size, ec.n_blocks,

@@ -81,7 +81,7 @@ int RunSpeed(const SpeedArgs& a) {
   if (KvTypeIsQuantized(types.k)) {
     auto tok = Tokenizer::FromGguf((*model)->file());
     key_offsets = MeasureKeyOffsets(
-        **model, pool, KeyCalibrationTokens(tok ? tok->get() : nullptr, c.n_vocab), n_ctx);
+        **model, pool, KeyCalibrationTokens(tok ? tok->get() : nullptr, c.n_vocab), types.k, n_ctx);
   }
   SingleSequence forward(**model, pool, n_ctx, types, std::move(key_offsets));
   std::vector<float> logits(c.n_vocab);

@@ -40,7 +40,8 @@ std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_
 }
 
 std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
-                                     const std::vector<int32_t>& tokens, int32_t context) {
+                                     const std::vector<int32_t>& tokens, KvType k_type,
+                                     int32_t context) {
   const ModelConfig& c = model.config();
   const int32_t n_tokens = static_cast<int32_t>(tokens.size());
   KVS_CHECK(n_tokens >= 1);
@@ -77,8 +78,9 @@ std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
       }
     }
   }
-  // The best single offset for positions 0..context-1 is that part rotated by each of them,
-  // averaged: RoPE is linear in its cos/sin, so rotate by the averaged cos/sin.
+  if (KvKeyOffsetFollowsRope(k_type)) return std::vector<float>(mean_pre.begin(), mean_pre.end());
+  // One constant offset for positions 0..context-1: the common part turned by each of them,
+  // averaged. RoPE is linear in its cos/sin, so turn it by the averaged cos/sin.
   const int32_t n_pos = std::clamp(context, 1, 1 << 17);
   std::vector<double> avg(n_rot, 0.0);
   for (int32_t p = 0; p < n_pos; ++p) {

@@ -57,7 +57,8 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
 
   std::vector<float> key_offsets;
   if (KvTypeIsQuantized(options.kv_types.k)) {
-    key_offsets = MeasureKeyOffsets(model, pool, options.calibration_tokens, n_ctx);
+    key_offsets =
+        MeasureKeyOffsets(model, pool, options.calibration_tokens, options.kv_types.k, n_ctx);
   }
   SingleSequence seq(model, pool, n_ctx, options.kv_types, std::move(key_offsets));
   std::unique_ptr<SingleSequence> base;

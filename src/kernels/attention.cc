@@ -30,6 +30,29 @@ int32_t MaxKeys(const int32_t* n_keys, int n) {
   return m;
 }
 
+// Per query, the coefficients of q·R(p)·m in the RoPE table's rows: for each rotated pair (a, b)
+// q_a m_a + q_b m_b on its cos row and q_b m_a - q_a m_b on its sin row. Dims past n_rot add the
+// same q·m to every score, which softmax ignores.
+void OffsetCoefficients(const KvHeadView& kv, const float* q, float* coef) {
+  const int32_t half = kv.n_rot / 2;
+  const float* m = kv.k_offset;
+  for (int32_t i = 0; i < half; ++i) {
+    const int32_t a = kv.rope_neox ? i : 2 * i, b = kv.rope_neox ? i + half : 2 * i + 1;
+    coef[i] = q[a] * m[a] + q[b] * m[b];
+    coef[half + i] = q[b] * m[a] - q[a] * m[b];
+  }
+}
+
+// q·R(p)·m for key position pos, from the query's coefficients.
+double OffsetScore(const KvHeadView& kv, const float* coef, int32_t pos) {
+  const float* block = RopeTableBlock(kv.rope_table, kv.n_rot, pos / kKvBlockTokens);
+  double s = 0.0;
+  for (int32_t r = 0; r < kv.n_rot; ++r) {
+    s += static_cast<double>(coef[r]) * block[r * kKvBlockTokens + pos % kKvBlockTokens];
+  }
+  return s;
+}
+
 #if KVS_ATTENTION_AVX512
 
 using kv_simd::FirstLanes;
@@ -190,7 +213,7 @@ inline void PrefetchBytes(const uint8_t* p, size_t n) {
 // padded to a multiple of 16 floats.
 template <int Q>
 void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-                const int32_t* n_keys, float* const* out, float* o) {
+                const float* coef, const int32_t* n_keys, float* const* out, float* o) {
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   const int32_t hv_pad = (hv + 15) / 16 * 16;
   const int32_t max_keys = MaxKeys(n_keys, Q);
@@ -216,6 +239,15 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
     }
     __m512 s_raw[Q];
     scores(kv.k_type, KeyBlock(kv, blk), hk, k_group, q, s_raw);
+    if (coef != nullptr) {  // q·R(p)·m of keys stored less their offset (OffsetCoefficients)
+      const float* rows = RopeTableBlock(kv.rope_table, kv.n_rot, blk);
+      for (int32_t r = 0; r < kv.n_rot; ++r) {
+        const __m512 row = _mm512_loadu_ps(rows + r * kKvBlockTokens);
+        for (int i = 0; i < Q; ++i) {
+          s_raw[i] = _mm512_fmadd_ps(_mm512_set1_ps(coef[i * kv.n_rot + r]), row, s_raw[i]);
+        }
+      }
+    }
     // Online softmax: rescale what came before by exp(old max - new max).
     float alpha[Q];
     for (int i = 0; i < Q; ++i) {
@@ -248,7 +280,7 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
 
 template <int Q>
 void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-                const int32_t* n_keys, float* const* out, float* o) {
+                const float* coef, const int32_t* n_keys, float* const* out, float* o) {
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   for (int i = 0; i < Q; ++i) {
     float m = kNegInf, l = 0.0f;
@@ -259,6 +291,7 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
       const int32_t pos = j % kKvBlockTokens;
       float s = 0.0f;
       for (int32_t d = 0; d < hk; ++d) s += q[i][d] * LoadKey(kv.k_type, kb, hk, d, pos);
+      if (coef != nullptr) s += static_cast<float>(OffsetScore(kv, coef + i * kv.n_rot, j));
       s *= shape.scale;
       const float m_new = std::max(m, s);
       const float alpha = std::exp(m - m_new), pj = std::exp(s - m_new);
@@ -276,6 +309,22 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
 
 }  // namespace
 
+void FillRopeTable(const RopeParams& rope, int32_t first_block, int32_t n_blocks, float* table) {
+  std::vector<float> cos_sin(rope.n_rot);
+  for (int32_t b = first_block; b < first_block + n_blocks; ++b) {
+    float* block = table + static_cast<size_t>(b) * rope.n_rot * kKvBlockTokens;
+    for (int32_t lane = 0; lane < kKvBlockTokens; ++lane) {
+      RopeAngles(b * kKvBlockTokens + lane, rope, cos_sin.data());
+      for (int32_t r = 0; r < rope.n_rot; ++r) block[r * kKvBlockTokens + lane] = cos_sin[r];
+    }
+  }
+}
+
+void RopeFromTable(const float* table, int32_t n_rot, int32_t pos, float* cos_sin) {
+  const float* block = RopeTableBlock(table, n_rot, pos / kKvBlockTokens);
+  for (int32_t r = 0; r < n_rot; ++r) cos_sin[r] = block[r * kKvBlockTokens + pos % kKvBlockTokens];
+}
+
 void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q_in,
             const int32_t* n_keys, int n_queries, float* const* out) {
   constexpr int kTile = 4;
@@ -287,6 +336,18 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
     o_capacity = o_floats;
   }
   float* o = o_buffer.get();
+  // Keys stored less R(p)·m: the coefficients of the scores' missing part, from the queries as
+  // given (m is in the unrotated basis).
+  thread_local std::vector<float> coef_buffer;
+  const float* coef = nullptr;
+  if (kv.k_offset != nullptr) {
+    KVS_CHECK(kv.rope_table != nullptr && kv.n_rot > 0 && kv.n_rot <= shape.head_dim_k);
+    coef_buffer.resize(static_cast<size_t>(n_queries) * kv.n_rot);
+    for (int j = 0; j < n_queries; ++j) {
+      OffsetCoefficients(kv, q_in[j], coef_buffer.data() + static_cast<size_t>(j) * kv.n_rot);
+    }
+    coef = coef_buffer.data();
+  }
   // Rotated keys need the queries in the same basis (q.k is unchanged by the rotation).
   thread_local std::vector<float> q_rotated;
   thread_local std::vector<const float*> q_pointers;
@@ -304,18 +365,21 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
     q = q_pointers.data();
   }
   int i = 0;
+  auto coef_of = [&](int first) {
+    return coef ? coef + static_cast<size_t>(first) * kv.n_rot : nullptr;
+  };
   for (; i + kTile <= n_queries; i += kTile) {
-    AttendTile<kTile>(shape, kv, q + i, n_keys + i, out + i, o);
+    AttendTile<kTile>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
   }
   switch (n_queries - i) {
     case 3:
-      AttendTile<3>(shape, kv, q + i, n_keys + i, out + i, o);
+      AttendTile<3>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
       break;
     case 2:
-      AttendTile<2>(shape, kv, q + i, n_keys + i, out + i, o);
+      AttendTile<2>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
       break;
     case 1:
-      AttendTile<1>(shape, kv, q + i, n_keys + i, out + i, o);
+      AttendTile<1>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
       break;
     default:
       break;
@@ -331,7 +395,8 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   for (int i = 0; i < n_queries; ++i) {
     KVS_CHECK(n_keys[i] >= 1);
-    std::vector<float> qi(q[i], q[i] + hk);
+    std::vector<float> qi(q[i], q[i] + hk), coef(kv.n_rot);
+    if (kv.k_offset != nullptr) OffsetCoefficients(kv, q[i], coef.data());
     if (KvTypeIsRotated(kv.k_type)) RotateForward(qi.data(), hk);
     std::vector<double> s(static_cast<size_t>(n_keys[i]));
     for (int32_t j = 0; j < n_keys[i]; ++j) {
@@ -340,6 +405,7 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
       for (int32_t d = 0; d < hk; ++d) {
         dot += static_cast<double>(qi[d]) * LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
       }
+      if (kv.k_offset != nullptr) dot += OffsetScore(kv, coef.data(), j);
       s[j] = dot * shape.scale;
     }
     const double mx = *std::max_element(s.begin(), s.end());

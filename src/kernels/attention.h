@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/kv_types.h"
+#include "kernels/ops.h"
 
 namespace kvs {
 
@@ -30,7 +31,25 @@ struct KvHeadView {
   const int32_t* block_ids = nullptr;
   KvType k_type = KvType::kF32;
   KvType v_type = KvType::kF32;
+  // Keys may be stored less R(p)·m: the head's mean key before RoPE, m, turned to each key's own
+  // position p (KvLayerView::k_offset). Scores then owe q·R(p)·m, which is added per block from
+  // the RoPE table: per query one coefficient per table row, per block n_rot FMAs.
+  const float* k_offset = nullptr;    // [head_dim_k] m, or null: keys stored as they are
+  const float* rope_table = nullptr;  // RopeTable of the positions, at least max_keys of them
+  int32_t n_rot = 0;
+  bool rope_neox = false;
 };
+
+// cos and sin of every rotated pair at positions [0, 16 * n_blocks), 16 positions to a block:
+//   table [block][n_rot][16]: rows 0..n_rot/2-1 cos(p * theta_i), rows n_rot/2.. sin(p * theta_i)
+// (the row order of RopeAngles's cos_sin, laid out for 16-lane loads).
+inline const float* RopeTableBlock(const float* table, int32_t n_rot, int32_t block) {
+  return table + static_cast<size_t>(block) * n_rot * kKvBlockTokens;
+}
+// Writes blocks [first_block, first_block + n_blocks) of the table, at table[first_block].
+void FillRopeTable(const RopeParams& rope, int32_t first_block, int32_t n_blocks, float* table);
+// cos_sin[n_rot] of position pos, read back from the table (RopeAngles's layout).
+void RopeFromTable(const float* table, int32_t n_rot, int32_t pos, float* cos_sin);
 
 struct AttentionShape {
   int32_t head_dim_k = 0;

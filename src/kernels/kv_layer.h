@@ -23,11 +23,19 @@ struct KvLayerView {
   int32_t head_dim_v = 0;
   KvType k_type = KvType::kF32;
   KvType v_type = KvType::kF32;
-  // [n_head_kv][head_dim_k] subtracted from every key before it is stored, or nullptr. Any
-  // vector that is the same for all positions of a head leaves attention exactly as it was
-  // (softmax ignores the constant q . offset a query adds to all its scores), so taking the
-  // keys' common mean out lets a quantized type spend its codes on what differs between keys.
+  // [n_head_kv][head_dim_k] subtracted from every key before it is stored, or nullptr, so that a
+  // quantized type spends its codes on what differs between keys rather than on their common
+  // part (key_offsets.h). Two kinds (KvKeyOffsetFollowsRope):
+  //  - follows RoPE: each head's mean key before RoPE, m; a key at position p is stored less
+  //    R(p)·m (turned by the cos/sin of rope_table) and attention adds q·R(p)·m back to its score
+  //    (KvHeadView::k_offset);
+  //  - constant: one vector per head, subtracted as it is; attention needs nothing back, since a
+  //    query's scores all shift by the same q·offset and softmax ignores that.
   const float* k_offset = nullptr;
+  bool k_offset_follows_rope = false;
+  const float* rope_table = nullptr;  // RopeTable (attention.h) covering the positions written
+  int32_t n_rot = 0;
+  bool rope_neox = false;
 
   size_t k_head_bytes() const { return KvHeadBlockBytes(k_type, head_dim_k); }
   size_t v_head_bytes() const { return KvHeadBlockBytes(v_type, head_dim_v); }
@@ -43,14 +51,20 @@ struct KvLayerView {
     view.block_ids = kernel_block_ids;
     view.k_type = k_type;
     view.v_type = v_type;
+    if (k_offset != nullptr && k_offset_follows_rope) {
+      view.k_offset = k_offset + static_cast<size_t>(g) * head_dim_k;
+      view.rope_table = rope_table;
+      view.n_rot = n_rot;
+      view.rope_neox = rope_neox;
+    }
     return view;
   }
 };
 
-// Stores (quantizes) one position's keys [n_head_kv][head_dim_k] and values
-// [n_head_kv][head_dim_v] in slot. Positions that share a kernel block must be written by one
+// Stores (quantizes) the keys [n_head_kv][head_dim_k] and values [n_head_kv][head_dim_v] of the
+// token at position pos in slot. Positions that share a kernel block must be written by one
 // thread: sub-byte codes of neighbouring positions share bytes.
-void WriteKv(const KvLayerView& layer, int64_t slot, const float* k, const float* v);
+void WriteKv(const KvLayerView& layer, int64_t slot, int32_t pos, const float* k, const float* v);
 
 // Copies n kernel blocks starting at src to the n starting at dst (one layer).
 void CopyKvBlocks(const KvLayerView& layer, int64_t src, int64_t dst, int32_t n);

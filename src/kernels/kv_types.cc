@@ -77,6 +77,10 @@ bool KvTypeIsRotated(KvType t) {
   return KvTypeIsQuantized(t);
 }
 
+bool KvKeyOffsetFollowsRope(KvType t) {
+  return KvTypeIsQuantized(t) && KvCodeBits(t) <= 4;
+}
+
 int32_t KvGroupSize(KvType t, int32_t head_dim) {
   if (!KvTypeIsQuantized(t)) return 0;
   if (t == KvType::kInt8 || t == KvType::kFp8) return head_dim;

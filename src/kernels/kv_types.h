@@ -48,6 +48,12 @@ int32_t KvCodeBits(KvType t);
 bool KvTypeIsQuantized(KvType t);  // carries scales
 bool KvTypeIsRotated(KvType t);    // all quantized types
 // Dims per scale for a head vector of head_dim (0 for the float types).
+// Whether keys of type t are stored less an offset that follows RoPE to each key's position
+// (exact at every position; attention adds q·R(p)·m back per block, which costs about as much as
+// the scores themselves) rather than one offset averaged over the context's positions (free: a
+// constant offset leaves softmax unchanged). The exact one pays where codes are few: 4 and 3 bits.
+bool KvKeyOffsetFollowsRope(KvType t);
+
 int32_t KvGroupSize(KvType t, int32_t head_dim);
 // Whether head_dim can be stored as t (quantized types need a multiple of 8).
 Status ValidateKvType(KvType t, int32_t head_dim);

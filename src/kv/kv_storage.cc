@@ -55,6 +55,7 @@ void KvStorage::SetKeyOffsets(std::vector<float> offsets) {
   key_offsets_ = std::move(offsets);
   for (int32_t l = 0; l < geometry_.n_layer; ++l) {
     layers_[l].k_offset = key_offsets_.data() + l * per_layer;
+    layers_[l].k_offset_follows_rope = KvKeyOffsetFollowsRope(geometry_.k_type);
   }
 }
 

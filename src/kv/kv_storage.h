@@ -39,8 +39,9 @@ class KvStorage {
   // Kernel blocks (16 positions) per pool block.
   int32_t kernel_blocks_per_block() const { return geometry_.block_size / kKvBlockTokens; }
   const std::vector<KvLayerView>& layers() const { return layers_; }
-  // Key offsets [n_layer][n_head_kv][head_dim_k] (see KvLayerView::k_offset); set before the
-  // first write, as every key of a head must be stored with the same one.
+  // Key offsets [n_layer][n_head_kv][head_dim_k] of the kind KvKeyOffsetFollowsRope(k_type) says
+  // (see KvLayerView::k_offset); set before the first write, as every key of a head must be
+  // stored with the same one.
   void SetKeyOffsets(std::vector<float> offsets);
 
  private:

@@ -111,6 +111,18 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
     }
   }
   write_runs_.push_back(n);
+  const bool key_offsets = !kv.empty() && kv[0].k_offset != nullptr && kv[0].k_offset_follows_rope;
+  if (key_offsets) {
+    int32_t max_pos = 0;
+    for (int32_t p : b.positions) max_pos = std::max(max_pos, p);
+    const int32_t need = max_pos / kKvBlockTokens + 1;
+    if (need > rope_table_blocks_) {
+      const int32_t blocks = std::max(need, 2 * rope_table_blocks_);
+      rope_table_.resize(static_cast<size_t>(blocks) * c_.n_rot * kKvBlockTokens);
+      FillRopeTable(rope, rope_table_blocks_, blocks - rope_table_blocks_, rope_table_.data());
+      rope_table_blocks_ = blocks;
+    }
+  }
 
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -140,8 +152,14 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
         ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
       }
     });
-    WriteKv(b, kv[l]);
-    Attention(b, kv[l]);
+    KvLayerView layer = kv[l];
+    if (key_offsets) {
+      layer.rope_table = rope_table_.data();
+      layer.n_rot = c_.n_rot;
+      layer.rope_neox = c_.rope_neox;
+    }
+    WriteKv(b, layer);
+    Attention(b, layer);
     MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
 
@@ -164,7 +182,7 @@ void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv) {
   const size_t n_runs = write_runs_.size() - 1;
   auto write_run = [&](size_t r) {
     for (int32_t i = write_runs_[r]; i < write_runs_[r + 1]; ++i) {
-      kvs::WriteKv(kv, b.slots[i], k_.data() + static_cast<size_t>(i) * c_.k_dim(),
+      kvs::WriteKv(kv, b.slots[i], b.positions[i], k_.data() + static_cast<size_t>(i) * c_.k_dim(),
                    v_.data() + static_cast<size_t>(i) * c_.v_dim());
     }
   };
