@@ -18,22 +18,22 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
   uint8_t* vb = layer.v + static_cast<size_t>(block) * layer.v_block_stride();
   const size_t kh = layer.k_head_bytes(), vh = layer.v_head_bytes();
   thread_local std::vector<float> shifted, offset, cos_sin;
-  if (layer.k_offset != nullptr && !layer.k_offset_follows_rope) {
-    const size_t n = static_cast<size_t>(layer.n_head_kv) * layer.head_dim_k;
-    shifted.resize(n);
-    for (size_t i = 0; i < n; ++i) shifted[i] = k[i] - layer.k_offset[i];
-    k = shifted.data();
-  } else if (layer.k_offset != nullptr) {
-    KVS_CHECK(layer.rope_table != nullptr && layer.n_rot > 0 && layer.n_rot <= layer.head_dim_k);
+  if (layer.k_offset != nullptr) {
+    // Each head's offset as stored: as it is, or turned by RoPE to this position.
     const int32_t hd = layer.head_dim_k;
+    if (layer.k_offset_follows_rope) {
+      KVS_CHECK(layer.rope_table != nullptr && layer.n_rot > 0 && layer.n_rot <= hd);
+      cos_sin.resize(layer.n_rot);
+      RopeFromTable(layer.rope_table, layer.n_rot, position, cos_sin.data());
+    }
     shifted.resize(static_cast<size_t>(layer.n_head_kv) * hd);
     offset.resize(hd);
-    cos_sin.resize(layer.n_rot);
-    RopeFromTable(layer.rope_table, layer.n_rot, position, cos_sin.data());
     for (int32_t h = 0; h < layer.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(h) * hd;
       std::copy(layer.k_offset + at, layer.k_offset + at + hd, offset.begin());
-      ApplyRope(offset.data(), cos_sin.data(), layer.n_rot, layer.rope_neox);
+      if (layer.k_offset_follows_rope) {
+        ApplyRope(offset.data(), cos_sin.data(), layer.n_rot, layer.rope_neox);
+      }
       for (int32_t d = 0; d < hd; ++d) shifted[at + d] = k[at + d] - offset[d];
     }
     k = shifted.data();
