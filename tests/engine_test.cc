@@ -37,12 +37,12 @@ Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& promp
               EngineConfig cfg, int32_t max_tokens, int32_t rounds = 1, KvTypes types = {}) {
   ThreadPool pool(2);
   cfg.verify_each_step = true;
-  std::vector<float> key_offsets;
+  KeyCoding key_coding;
   if (KvTypeIsQuantized(types.k)) {
-    key_offsets =
-        MeasureKeyOffsets(model, pool, KeyCalibrationTokens(nullptr, 512), types.k, cfg.n_ctx);
+    key_coding =
+        MeasureKeyCoding(model, pool, KeyCalibrationTokens(nullptr, 512), types.k, cfg.n_ctx);
   }
-  ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks, types, std::move(key_offsets));
+  ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks, types, std::move(key_coding));
   Engine engine(cfg, runner);
   Outcome out;
   out.tokens.resize(prompts.size());

@@ -1,5 +1,6 @@
 // Keys stored less their RoPE-turned offset (KvLayerView::k_offset): what is stored, and that
-// attention adds the offset's part of every score back.
+// attention adds the offset's part of every score back. Keys of small heads stored whitened
+// (KvLayerView::k_whitening): the fit, and attention over them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/key_whitening.h"
 #include "kernels/kv_layer.h"
 #include "kernels/kv_quant.h"
 #include "kernels/ops.h"
@@ -23,11 +25,12 @@ constexpr int32_t kHeads = 2, kPositions = 70;
 struct Layer {
   std::vector<uint8_t> k, v;
   std::vector<float> offsets, table;
+  std::vector<KeyWhitening> whitening;
   std::vector<int32_t> ids;
   KvLayerView view;
 
   Layer(KvType k_type, int32_t hd, const RopeParams& rope, const float* offset,
-        bool follow_rope = true) {
+        bool follow_rope = true, const std::vector<KeyWhitening>* whitened = nullptr) {
     const int32_t n_blocks = (kPositions + kKvBlockTokens - 1) / kKvBlockTokens;
     view.n_head_kv = kHeads;
     view.head_dim_k = view.head_dim_v = hd;
@@ -40,10 +43,16 @@ struct Layer {
     for (int32_t b = 0; b < n_blocks; ++b) ids.push_back(b);
     if (offset != nullptr) {
       offsets.assign(offset, offset + kHeads * hd);
-      table.resize(static_cast<size_t>(n_blocks) * rope.n_rot * kKvBlockTokens);
-      FillRopeTable(rope, 0, n_blocks, table.data());
       view.k_offset = offsets.data();
       view.k_offset_follows_rope = follow_rope;
+    }
+    if (whitened != nullptr) {
+      whitening = *whitened;
+      view.k_whitening = whitening.data();
+    }
+    if (view.NeedsRopeTable()) {
+      table.resize(static_cast<size_t>(n_blocks) * rope.n_rot * kKvBlockTokens);
+      FillRopeTable(rope, 0, n_blocks, table.data());
       view.rope_table = table.data();
       view.n_rot = rope.n_rot;
       view.rope_neox = rope.neox;
@@ -57,34 +66,60 @@ struct Layer {
   }
 };
 
-// Keys with a large common part before RoPE (as trained models' keys have), turned by RoPE.
-std::vector<float> RopedKeys(int32_t hd, const RopeParams& rope, const std::vector<float>& mean) {
-  std::vector<float> keys =
-      testing::GaussianVector(static_cast<size_t>(kPositions) * kHeads * hd, 7);
-  std::vector<float> cos_sin(rope.n_rot);
-  for (int32_t p = 0; p < kPositions; ++p) {
-    RopeAngles(p, rope, cos_sin.data());
-    for (int32_t h = 0; h < kHeads; ++h) {
-      float* key = keys.data() + (static_cast<size_t>(p) * kHeads + h) * hd;
-      for (int32_t d = 0; d < hd; ++d) key[d] += mean[h * hd + d];
-      ApplyRope(key, cos_sin.data(), rope.n_rot, rope.neox);
+// Keys before RoPE [n][kHeads][hd]: each head's mean plus, where mix is given ([kHeads][hd][hd]),
+// mix times a unit Gaussian, else the Gaussian itself.
+std::vector<float> PreRopeKeys(int32_t n, int32_t hd, const std::vector<float>& mean,
+                               const std::vector<float>* mix = nullptr, uint32_t seed = 7) {
+  const std::vector<float> z = testing::GaussianVector(static_cast<size_t>(n) * kHeads * hd, seed);
+  std::vector<float> keys(z.size());
+  for (size_t row = 0; row < static_cast<size_t>(n) * kHeads; ++row) {
+    const int32_t h = static_cast<int32_t>(row % kHeads);
+    for (int32_t d = 0; d < hd; ++d) {
+      double x = mix == nullptr ? z[row * hd + d] : 0.0;
+      for (int32_t j = 0; mix != nullptr && j < hd; ++j) {
+        x += (*mix)[(static_cast<size_t>(h) * hd + d) * hd + j] * z[row * hd + j];
+      }
+      keys[row * hd + d] = static_cast<float>(x) + mean[h * hd + d];
     }
   }
   return keys;
 }
 
+// The keys of kPositions tokens, turned by RoPE to their positions.
+std::vector<float> RopedKeys(int32_t hd, const RopeParams& rope, const std::vector<float>& mean,
+                             const std::vector<float>* mix = nullptr) {
+  std::vector<float> keys = PreRopeKeys(kPositions, hd, mean, mix);
+  std::vector<float> cos_sin(rope.n_rot);
+  for (int32_t p = 0; p < kPositions; ++p) {
+    RopeAngles(p, rope, cos_sin.data());
+    for (int32_t h = 0; h < kHeads; ++h) {
+      ApplyRope(keys.data() + (static_cast<size_t>(p) * kHeads + h) * hd, cos_sin.data(),
+                rope.n_rot, rope.neox);
+    }
+  }
+  return keys;
+}
+
+// The queries MaxDifference asks: they see these numbers of keys.
+const std::vector<int32_t> kQueryKeys = {1, 9, 16, 17, 40, 63, kPositions};
+
 // Largest difference between attention over two layers (each by Attend, or by AttendReference
-// where its flag says), every head, queries that see 1..kPositions keys.
-double MaxDifference(const Layer& a, bool reference_a, const Layer& b, bool reference_b) {
+// where its flag says), every head, queries that see 1..kPositions keys: Gaussian ones, or
+// queries [kHeads][kQueryKeys.size()][hd] where given.
+double MaxDifference(const Layer& a, bool reference_a, const Layer& b, bool reference_b,
+                     const std::vector<float>* queries = nullptr) {
   const int32_t hd = a.view.head_dim_k;
   const AttentionShape shape{hd, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  const std::vector<int32_t> n_keys = {1, 9, 16, 17, 40, 63, kPositions};
+  const std::vector<int32_t>& n_keys = kQueryKeys;
   const int n = static_cast<int>(n_keys.size());
-  const std::vector<float> q = testing::GaussianVector(static_cast<size_t>(n) * hd, 11, 0.5f);
-  std::vector<const float*> qp(n);
-  for (int i = 0; i < n; ++i) qp[i] = q.data() + static_cast<size_t>(i) * hd;
+  const std::vector<float> gaussian =
+      testing::GaussianVector(static_cast<size_t>(n) * hd, 11, 0.5f);
   double worst = 0;
   for (int32_t h = 0; h < kHeads; ++h) {
+    const float* q =
+        queries == nullptr ? gaussian.data() : queries->data() + static_cast<size_t>(h) * n * hd;
+    std::vector<const float*> qp(n);
+    for (int i = 0; i < n; ++i) qp[i] = q + static_cast<size_t>(i) * hd;
     std::vector<float> out_a(static_cast<size_t>(n) * hd), out_b(out_a.size());
     std::vector<float*> pa(n), pb(n);
     for (int i = 0; i < n; ++i) {
@@ -176,6 +211,151 @@ TEST(KeyOffsets, QuantizedKeysErrLessWithTheOffset) {
       EXPECT_LT(MaxDifference(shifted, false, shifted, true), 1e-4);
     }
   }
+}
+
+// Per head an orthonormal basis [kHeads][hd][hd] (Gram-Schmidt of Gaussian columns) and the
+// key spread along its directions, falling off by 1.5x each: keys with a few dominant
+// directions not aligned with the dims, as trained models' keys have. mix = basis * spread.
+struct KeyShape {
+  std::vector<float> basis, spread, mix;
+};
+KeyShape AnisotropicKeys(int32_t hd) {
+  KeyShape ks;
+  ks.basis = testing::GaussianVector(static_cast<size_t>(kHeads) * hd * hd, 13);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    float* m = ks.basis.data() + static_cast<size_t>(h) * hd * hd;  // column j: m[d * hd + j]
+    for (int32_t j = 0; j < hd; ++j) {
+      for (int32_t i = 0; i < j; ++i) {
+        double dot = 0.0;
+        for (int32_t d = 0; d < hd; ++d) dot += m[d * hd + i] * m[d * hd + j];
+        for (int32_t d = 0; d < hd; ++d) m[d * hd + j] -= static_cast<float>(dot) * m[d * hd + i];
+      }
+      double norm = 0.0;
+      for (int32_t d = 0; d < hd; ++d) norm += m[d * hd + j] * m[d * hd + j];
+      for (int32_t d = 0; d < hd; ++d) m[d * hd + j] /= static_cast<float>(std::sqrt(norm));
+    }
+  }
+  for (int32_t j = 0; j < hd; ++j) ks.spread.push_back(2.0f * std::pow(1.5f, -float(j)));
+  ks.mix = ks.basis;
+  for (size_t i = 0; i < ks.mix.size(); ++i) ks.mix[i] *= ks.spread[i % hd];
+  return ks;
+}
+
+// Queries that read the keys' weak directions more than their dominant ones (before RoPE
+// basis * z / spread, then turned to their own positions), as a trained model's do: the
+// dominant directions carry what all keys share.
+std::vector<float> WeakDirectionQueries(const KeyShape& ks, int32_t hd, const RopeParams& rope) {
+  const int n = static_cast<int>(kQueryKeys.size());
+  const std::vector<float> z = testing::GaussianVector(static_cast<size_t>(kHeads) * n * hd, 17);
+  std::vector<float> q(z.size(), 0.0f), cos_sin(rope.n_rot);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    const float* basis = ks.basis.data() + static_cast<size_t>(h) * hd * hd;
+    for (int i = 0; i < n; ++i) {
+      float* qi = q.data() + (static_cast<size_t>(h) * n + i) * hd;
+      const float* zi = z.data() + (static_cast<size_t>(h) * n + i) * hd;
+      for (int32_t d = 0; d < hd; ++d) {
+        for (int32_t j = 0; j < hd; ++j) qi[d] += 0.2f * basis[d * hd + j] * zi[j] / ks.spread[j];
+      }
+      RopeAngles(kQueryKeys[i] - 1, rope, cos_sin.data());
+      ApplyRope(qi, cos_sin.data(), rope.n_rot, rope.neox);
+    }
+  }
+  return q;
+}
+
+// Each head's mean and covariance of n keys before RoPE, fitted.
+std::vector<KeyWhitening> FitWhitening(const std::vector<float>& keys, int32_t n, int32_t hd) {
+  std::vector<KeyWhitening> out;
+  for (int32_t h = 0; h < kHeads; ++h) {
+    std::vector<double> mean(hd, 0.0), cov(static_cast<size_t>(hd) * hd, 0.0);
+    auto key = [&](int32_t i) { return keys.data() + (static_cast<size_t>(i) * kHeads + h) * hd; };
+    for (int32_t i = 0; i < n; ++i) {
+      for (int32_t d = 0; d < hd; ++d) mean[d] += key(i)[d] / double(n);
+    }
+    for (int32_t i = 0; i < n; ++i) {
+      for (int32_t a = 0; a < hd; ++a) {
+        for (int32_t b = 0; b < hd; ++b) {
+          cov[a * hd + b] += (key(i)[a] - mean[a]) * (key(i)[b] - mean[b]) / double(n);
+        }
+      }
+    }
+    out.push_back(FitKeyWhitening(mean.data(), cov.data(), hd));
+  }
+  return out;
+}
+
+// The fitted map gives uncorrelated coordinates of at most unit variance (1 for the dominant
+// directions; the 1% floor on the eigenvalues shrinks the weakest), and the key comes back
+// exactly from its coordinates after the store's rotation.
+TEST(KeyWhitening, WhiteCoordinatesAndExactRoundTrip) {
+  for (int32_t hd : {8, 16}) {
+    SCOPED_TRACE("head_dim " + std::to_string(hd));
+    const std::vector<float> mean = testing::GaussianVector(kHeads * hd, 3, 6.0f);
+    const KeyShape ks = AnisotropicKeys(hd);
+    constexpr int32_t kSamples = 4000;
+    const std::vector<float> keys = PreRopeKeys(kSamples, hd, mean, &ks.mix, 21);
+    const std::vector<KeyWhitening> fit = FitWhitening(keys, kSamples, hd);
+    for (int32_t h = 0; h < kHeads; ++h) {
+      std::vector<double> cov(static_cast<size_t>(hd) * hd, 0.0);
+      std::vector<float> y(hd), back(hd);
+      double worst_round_trip = 0.0;
+      for (int32_t i = 0; i < kSamples; ++i) {
+        const float* k = keys.data() + (static_cast<size_t>(i) * kHeads + h) * hd;
+        WhitenKey(fit[h], hd, k, y.data());
+        for (int32_t a = 0; a < hd; ++a) {
+          for (int32_t b = 0; b < hd; ++b) cov[a * hd + b] += double(y[a]) * y[b] / kSamples;
+        }
+        RotateForward(y.data(), hd);  // what StoreKey stores
+        UnwhitenKey(fit[h], hd, y.data(), back.data());
+        for (int32_t d = 0; d < hd; ++d) {
+          worst_round_trip = std::max(worst_round_trip, double(std::fabs(back[d] - k[d])));
+        }
+      }
+      EXPECT_LT(worst_round_trip, 1e-4);
+      double max_var = 0.0;
+      for (int32_t a = 0; a < hd; ++a) {
+        EXPECT_LE(cov[a * hd + a], 1.0 + 1e-3);
+        max_var = std::max(max_var, cov[a * hd + a]);
+        for (int32_t b = 0; b < a; ++b) EXPECT_NEAR(cov[a * hd + b], 0.0, 1e-3);
+      }
+      EXPECT_NEAR(max_var, 1.0, 1e-2);
+    }
+  }
+}
+
+// 4- and 3-bit keys with a few dominant directions, queried along their weak ones: stored
+// whitened, attention errs less than with the rotation and the RoPE-turned offset (the other
+// heads' coding; 0.34-0.64 of its error here), and the kernel's decoded blocks agree with the
+// scalar twin. (Queries that read all directions alike gain nothing from whitening: the error
+// then follows the total squared error, the same for both codings.)
+TEST(KeyWhitening, QuantizedKeysErrLessWhitenedAndKernelMatchesTwin) {
+  const RopeCase cases[] = {{8, RopeParams{8, 10000.f, 1.f, false, nullptr}},
+                            {16, RopeParams{8, 1000000.f, 1.f, true, nullptr}}};  // partial
+  for (const RopeCase& c : cases) {
+    const std::vector<float> mean = testing::GaussianVector(kHeads * c.hd, 3, 6.0f);
+    const KeyShape ks = AnisotropicKeys(c.hd);
+    const std::vector<float> keys = RopedKeys(c.hd, c.rope, mean, &ks.mix);
+    const std::vector<float> queries = WeakDirectionQueries(ks, c.hd, c.rope);
+    const std::vector<float> values =
+        testing::GaussianVector(static_cast<size_t>(kPositions) * kHeads * c.hd, 5);
+    // Fitted on other keys of the same kind (as the engine fits on a calibration run).
+    const std::vector<KeyWhitening> fit =
+        FitWhitening(PreRopeKeys(256, c.hd, mean, &ks.mix, 99), 256, c.hd);
+    for (KvType t : {KvType::kTurbo3, KvType::kTurbo4}) {
+      SCOPED_TRACE(std::string(KvTypeName(t)) + " head_dim " + std::to_string(c.hd));
+      ASSERT_TRUE(KvKeysWhitened(t, c.hd));
+      Layer exact(KvType::kF32, c.hd, c.rope, nullptr), shifted(t, c.hd, c.rope, mean.data()),
+          whitened(t, c.hd, c.rope, nullptr, true, &fit);
+      for (Layer* layer : {&exact, &shifted, &whitened}) layer->Write(keys, values);
+      const double err_shifted = MaxDifference(exact, false, shifted, false, &queries);
+      const double err_whitened = MaxDifference(exact, false, whitened, false, &queries);
+      EXPECT_LT(err_whitened, 0.75 * err_shifted) << err_whitened << " vs " << err_shifted;
+      EXPECT_LT(MaxDifference(whitened, false, whitened, true, &queries), 1e-4);
+      EXPECT_LT(MaxDifference(whitened, false, whitened, true), 1e-4);
+    }
+  }
+  EXPECT_FALSE(KvKeysWhitened(KvType::kTurbo3, 32));
+  EXPECT_FALSE(KvKeysWhitened(KvType::kQ4_0, 8));
 }
 
 }  // namespace

@@ -201,16 +201,16 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   }
   impl->pool = std::make_unique<kvs::ThreadPool>(
       o.threads > 0 ? o.threads : kvs::ThreadPool::DefaultThreadCount());
-  std::vector<float> key_offsets;
+  kvs::KeyCoding key_coding;
   if (kvs::KvTypeIsQuantized(geometry.k_type)) {
-    key_offsets =
-        kvs::MeasureKeyOffsets(*model->impl().model, *impl->pool,
-                               kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab),
-                               geometry.k_type, o.n_ctx);
+    key_coding =
+        kvs::MeasureKeyCoding(*model->impl().model, *impl->pool,
+                              kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab),
+                              geometry.k_type, o.n_ctx);
   }
   auto runner = std::make_unique<kvs::ModelRunner>(
       *model->impl().model, *impl->pool, ec.block_size, ec.n_blocks,
-      kvs::KvTypes{geometry.k_type, geometry.v_type}, std::move(key_offsets));
+      kvs::KvTypes{geometry.k_type, geometry.v_type}, std::move(key_coding));
   impl->engine = std::make_unique<kvs::AsyncEngine>(ec, std::move(runner));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }

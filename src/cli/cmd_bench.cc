@@ -76,14 +76,14 @@ int RunSpeed(const SpeedArgs& a) {
     return 1;
   }
   ThreadPool pool(a.threads);
-  std::vector<float> key_offsets;
+  KeyCoding key_coding;
   const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
   if (KvTypeIsQuantized(types.k)) {
     auto tok = Tokenizer::FromGguf((*model)->file());
-    key_offsets = MeasureKeyOffsets(
+    key_coding = MeasureKeyCoding(
         **model, pool, KeyCalibrationTokens(tok ? tok->get() : nullptr, c.n_vocab), types.k, n_ctx);
   }
-  SingleSequence forward(**model, pool, n_ctx, types, std::move(key_offsets));
+  SingleSequence forward(**model, pool, n_ctx, types, std::move(key_coding));
   std::vector<float> logits(c.n_vocab);
   // Random tokens, as llama-bench uses: the content does not change the work done.
   std::mt19937 rng(1234);

@@ -39,9 +39,8 @@ std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_
   return tokens;
 }
 
-std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
-                                     const std::vector<int32_t>& tokens, KvType k_type,
-                                     int32_t context) {
+KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
+                           KvType k_type, int32_t context) {
   const ModelConfig& c = model.config();
   const int32_t n_tokens = static_cast<int32_t>(tokens.size());
   KVS_CHECK(n_tokens >= 1);
@@ -55,30 +54,50 @@ std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
   const Status st = forward.Run(batch, storage.layers(), nullptr);
   KVS_CHECK_MSG(st.ok(), "key calibration run failed");
 
-  // The keys' common part before RoPE: each calibration key turned back by its position.
+  // The calibration keys before RoPE (each turned back by its position): [token][layer][head][hk].
   const int32_t hk = c.head_dim_k, n_rot = c.n_rot;
+  const size_t n_heads = static_cast<size_t>(c.n_layer) * c.n_head_kv;
   const ModelWeights& w = model.weights();
   const RopeParams rope{n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
                         w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
-  std::vector<float> cos_sin(n_rot), key(hk);
-  std::vector<double> mean_pre(static_cast<size_t>(c.n_layer) * c.n_head_kv * hk, 0.0);
+  std::vector<float> cos_sin(n_rot), keys(static_cast<size_t>(n_tokens) * n_heads * hk);
+  std::vector<double> mean_pre(n_heads * hk, 0.0);
   for (int32_t p = 0; p < n_tokens; ++p) {
     RopeAngles(p, rope, cos_sin.data());
     for (int32_t i = n_rot / 2; i < n_rot; ++i) cos_sin[i] = -cos_sin[i];  // rotate by -p
-    for (int32_t l = 0; l < c.n_layer; ++l) {
-      for (int32_t h = 0; h < c.n_head_kv; ++h) {
-        const KvHeadView view = storage.layers()[l].Head(h, blocks.data());
-        for (int32_t d = 0; d < hk; ++d) {
-          key[d] =
-              LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d, p % kKvBlockTokens);
-        }
-        ApplyRope(key.data(), cos_sin.data(), n_rot, c.rope_neox);
-        double* m = mean_pre.data() + (static_cast<size_t>(l) * c.n_head_kv + h) * hk;
-        for (int32_t d = 0; d < hk; ++d) m[d] += key[d] / n_tokens;
+    for (size_t head = 0; head < n_heads; ++head) {
+      const KvHeadView view = storage.layers()[head / c.n_head_kv].Head(
+          static_cast<int32_t>(head % c.n_head_kv), blocks.data());
+      float* key = keys.data() + (static_cast<size_t>(p) * n_heads + head) * hk;
+      for (int32_t d = 0; d < hk; ++d) {
+        key[d] =
+            LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d, p % kKvBlockTokens);
       }
+      ApplyRope(key, cos_sin.data(), n_rot, c.rope_neox);
+      for (int32_t d = 0; d < hk; ++d) mean_pre[head * hk + d] += key[d] / n_tokens;
     }
   }
-  if (KvKeyOffsetFollowsRope(k_type)) return std::vector<float>(mean_pre.begin(), mean_pre.end());
+  KeyCoding coding;
+  if (KvKeysWhitened(k_type, hk)) {
+    std::vector<double> cov(static_cast<size_t>(hk) * hk);
+    for (size_t head = 0; head < n_heads; ++head) {
+      const double* m = mean_pre.data() + head * hk;
+      std::fill(cov.begin(), cov.end(), 0.0);
+      for (int32_t p = 0; p < n_tokens; ++p) {
+        const float* key = keys.data() + (static_cast<size_t>(p) * n_heads + head) * hk;
+        for (int32_t a = 0; a < hk; ++a) {
+          for (int32_t b = 0; b < hk; ++b)
+            cov[a * hk + b] += (key[a] - m[a]) * (key[b] - m[b]) / n_tokens;
+        }
+      }
+      coding.whitening.push_back(FitKeyWhitening(m, cov.data(), hk));
+    }
+    return coding;
+  }
+  if (KvKeyOffsetFollowsRope(k_type)) {
+    coding.offsets.assign(mean_pre.begin(), mean_pre.end());
+    return coding;
+  }
   // One constant offset for positions 0..context-1: the common part turned by each of them,
   // averaged. RoPE is linear in its cos/sin, so turn it by the averaged cos/sin.
   const int32_t n_pos = std::clamp(context, 1, 1 << 17);
@@ -88,13 +107,13 @@ std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
     for (int32_t i = 0; i < n_rot; ++i) avg[i] += cos_sin[i] / n_pos;
   }
   for (int32_t i = 0; i < n_rot; ++i) cos_sin[i] = static_cast<float>(avg[i]);
-  std::vector<float> offsets(mean_pre.size());
-  for (size_t head = 0; head < offsets.size() / hk; ++head) {
-    float* o = offsets.data() + head * hk;
+  coding.offsets.resize(mean_pre.size());
+  for (size_t head = 0; head < n_heads; ++head) {
+    float* o = coding.offsets.data() + head * hk;
     for (int32_t d = 0; d < hk; ++d) o[d] = static_cast<float>(mean_pre[head * hk + d]);
     ApplyRope(o, cos_sin.data(), n_rot, c.rope_neox);
   }
-  return offsets;
+  return coding;
 }
 
 }  // namespace kvs

@@ -1,14 +1,15 @@
-// The per-head key offsets a quantized K cache subtracts, turned by RoPE to each key's position,
-// before it stores a key (see KvLayerView::k_offset): the mean pre-RoPE key of each (layer, KV
-// head) over a fixed calibration run.
+// How a quantized K cache codes keys (KeyCoding): the per-head key offsets it subtracts, or the
+// whitening of small heads, from the keys of a fixed calibration run.
 // Keys of trained models share a large common component (stories260K's mean key is 2-3x the
-// spread between its keys); quantizing without it spends the codes on what attention ignores.
+// spread between its keys) and vary far more along some directions than others; quantizing
+// without regard to either spends the codes on what attention ignores.
 #pragma once
 
 #include <vector>
 
 #include "core/thread_pool.h"
 #include "kernels/kv_types.h"
+#include "kv/kv_storage.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -18,15 +19,17 @@ namespace kvs {
 // tokens, BOS first where the model adds one). Without a tokenizer: fixed pseudo-random ids.
 std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_vocab);
 
-// [n_layer][n_head_kv][head_dim_k]: the offsets for keys of type k_type, from the mean key of the
-// calibration tokens before RoPE (each key turned back by its position), m. Where the offset
-// follows RoPE (KvKeyOffsetFollowsRope) that is m itself: the cache stores a key at position p
-// less m turned to p, exact at every position. Otherwise it is m turned by each position of
-// [0, context), averaged: the best constant offset for a cache of that context (RoPE turns the
-// common part slowly in its low-frequency dims, so much of it survives the average).
+// How keys of type k_type are coded, from the calibration tokens' keys before RoPE (each turned
+// back by its position), whose mean per (layer, KV head) is m:
+//  - whitened (KvKeysWhitened: 4- and 3-bit keys of heads up to 16 dims): each head's mean and
+//    covariance give its KeyWhitening;
+//  - otherwise offsets [n_layer][n_head_kv][head_dim_k]. Where the offset follows RoPE
+//    (KvKeyOffsetFollowsRope) that is m itself: the cache stores a key at position p less m
+//    turned to p, exact at every position. Otherwise it is m turned by each position of
+//    [0, context), averaged: the best constant offset for a cache of that context (RoPE turns
+//    the common part slowly in its low-frequency dims, so much of it survives the average).
 // Deterministic for a model, type and context: caches built alike store interchangeable blocks.
-std::vector<float> MeasureKeyOffsets(const Model& model, ThreadPool& pool,
-                                     const std::vector<int32_t>& tokens, KvType k_type,
-                                     int32_t context);
+KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
+                           KvType k_type, int32_t context);
 
 }  // namespace kvs

@@ -10,11 +10,11 @@ KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size, KvTypes typ
 }
 
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks,
-                         KvTypes types, std::vector<float> key_offsets)
+                         KvTypes types, KeyCoding key_coding)
     : model_(model),
       storage_(ModelKvGeometry(model.config(), block_size, types), n_blocks),
       forward_(model, pool) {
-  if (!key_offsets.empty()) storage_.SetKeyOffsets(std::move(key_offsets));
+  if (!key_coding.empty()) storage_.SetKeyCoding(std::move(key_coding));
 }
 
 Status ModelRunner::Execute(const StepInput& step, float* logits) {

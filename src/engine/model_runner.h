@@ -18,9 +18,9 @@ KvGeometry ModelKvGeometry(const ModelConfig& config, int32_t block_size, KvType
 class ModelRunner final : public StepRunner {
  public:
   // n_blocks counts the null block, as KvCacheManager's does; both must agree.
-  // key_offsets: see KvStorage::SetKeyOffsets (empty: none).
+  // key_coding: see KvStorage::SetKeyCoding (empty: none).
   ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks,
-              KvTypes types = {}, std::vector<float> key_offsets = {});
+              KvTypes types = {}, KeyCoding key_coding = {});
 
   int32_t n_vocab() const override { return model_.config().n_vocab; }
   Status Execute(const StepInput& step, float* logits) override;

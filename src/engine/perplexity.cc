@@ -55,12 +55,12 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   const int32_t first = n_ctx / 2;
   const int32_t n_scored_per_chunk = n_ctx - 1 - first;
 
-  std::vector<float> key_offsets;
+  KeyCoding key_coding;
   if (KvTypeIsQuantized(options.kv_types.k)) {
-    key_offsets =
-        MeasureKeyOffsets(model, pool, options.calibration_tokens, options.kv_types.k, n_ctx);
+    key_coding =
+        MeasureKeyCoding(model, pool, options.calibration_tokens, options.kv_types.k, n_ctx);
   }
-  SingleSequence seq(model, pool, n_ctx, options.kv_types, std::move(key_offsets));
+  SingleSequence seq(model, pool, n_ctx, options.kv_types, std::move(key_coding));
   std::unique_ptr<SingleSequence> base;
   if (options.kl_base)
     base = std::make_unique<SingleSequence>(model, pool, n_ctx, options.base_types);

@@ -7,13 +7,13 @@
 namespace kvs {
 
 SingleSequence::SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx, KvTypes types,
-                               std::vector<float> key_offsets)
+                               KeyCoding key_coding)
     : n_ctx_(n_ctx),
       storage_(ModelKvGeometry(model.config(), kKvBlockTokens, types),
                (n_ctx + kKvBlockTokens - 1) / kKvBlockTokens + 1),
       forward_(model, pool) {
   for (int32_t b = storage_.num_blocks() - 1; b >= 1; --b) blocks_.push_back(b);
-  if (!key_offsets.empty()) storage_.SetKeyOffsets(std::move(key_offsets));
+  if (!key_coding.empty()) storage_.SetKeyCoding(std::move(key_coding));
 }
 
 Status SingleSequence::Run(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_out,

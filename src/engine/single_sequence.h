@@ -14,9 +14,9 @@ namespace kvs {
 
 class SingleSequence {
  public:
-  // key_offsets: see KvStorage::SetKeyOffsets (empty: none).
+  // key_coding: see KvStorage::SetKeyCoding (empty: none).
   SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx, KvTypes types = {},
-                 std::vector<float> key_offsets = {});
+                 KeyCoding key_coding = {});
 
   int32_t n_ctx() const { return n_ctx_; }
   // Computes tokens[0..n) at positions pos0.. (positions >= pos0 written before are replaced)

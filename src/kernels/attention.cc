@@ -53,6 +53,17 @@ double OffsetScore(const KvHeadView& kv, const float* coef, int32_t pos) {
   return s;
 }
 
+// Key j of a head stored whitened (key_whitening.h), as the model wrote it: unwhitened, then
+// turned by RoPE to position j.
+void LoadWhitenedKey(const KvHeadView& kv, int32_t hk, int32_t j, float* key) {
+  float stored[kMaxWhitenedHeadDim], cos_sin[kMaxWhitenedHeadDim];
+  const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
+  for (int32_t d = 0; d < hk; ++d) stored[d] = LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
+  UnwhitenKey(*kv.k_whitening, hk, stored, key);
+  RopeFromTable(kv.rope_table, kv.n_rot, j, cos_sin);
+  ApplyRope(key, cos_sin, kv.n_rot, kv.rope_neox);
+}
+
 #if KVS_ATTENTION_AVX512
 
 using kv_simd::FirstLanes;
@@ -102,6 +113,41 @@ void ScoreBlock(KvType t, const uint8_t* kb, int32_t hk, int32_t group, const fl
       for (int i = 0; i < Q; ++i) s[i] = _mm512_fmadd_ps(_mm512_add_ps(a0[i], a1[i]), scale, s[i]);
     }
   }
+}
+
+// The 16 keys of a whitened key block as f32 [hk][16] in tile: stored coordinates (codes times
+// scales), unwhitened (hk broadcast FMAs per dim), turned by RoPE from the table's rows.
+template <class Codec>
+void DecodeWhitenedBlock(KvType t, const uint8_t* kb, int32_t hk, int32_t group,
+                         const KvHeadView& kv, int32_t blk, float* tile) {
+  const Codec codec = MakeCodec<Codec>(t);
+  constexpr size_t kRow = 16 * Codec::kBits / 8;
+  const uint8_t* scales = kb + hk * kRow;
+  __m512 y[kMaxWhitenedHeadDim], k[kMaxWhitenedHeadDim];
+  for (int32_t j = 0; j < hk; ++j) {
+    const __m512 scale =
+        _mm512_mul_ps(simd::Halves16(scales + (j / group) * 32), _mm512_set1_ps(Codec::kScaleMul));
+    y[j] = _mm512_mul_ps(codec.Keys(kb + j * kRow), scale);
+  }
+  const KeyWhitening& w = *kv.k_whitening;
+  for (int32_t d = 0; d < hk; ++d) {
+    __m512 acc = _mm512_set1_ps(w.mean[d]);
+    for (int32_t j = 0; j < hk; ++j) {
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(w.from_coords[d * hk + j]), y[j], acc);
+    }
+    k[d] = acc;
+  }
+  const float* rows = RopeTableBlock(kv.rope_table, kv.n_rot, blk);
+  const int32_t half = kv.n_rot / 2;
+  for (int32_t i = 0; i < half; ++i) {
+    const int32_t a = kv.rope_neox ? i : 2 * i, b = kv.rope_neox ? i + half : 2 * i + 1;
+    const __m512 c = _mm512_loadu_ps(rows + i * kKvBlockTokens);
+    const __m512 sn = _mm512_loadu_ps(rows + (half + i) * kKvBlockTokens);
+    const __m512 ka = k[a], kb2 = k[b];
+    k[a] = _mm512_fmsub_ps(ka, c, _mm512_mul_ps(kb2, sn));
+    k[b] = _mm512_fmadd_ps(ka, sn, _mm512_mul_ps(kb2, c));
+  }
+  for (int32_t d = 0; d < hk; ++d) _mm512_store_ps(tile + d * kKvBlockTokens, k[d]);
 }
 
 // Per-lane scale of value dims c.. of a row whose group scales start at row_scales.
@@ -166,6 +212,9 @@ template <int Q>
 using AccumulateFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const float (*)[16],
                               const float*, int32_t, float*, int32_t);
 
+using DecodeWhitenedFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const KvHeadView&,
+                                  int32_t, float*);
+
 // Calls visit(std::type_identity<Codec>{}) with the codec that reads type t's codes.
 template <class Visit>
 auto WithCodec(KvType t, Visit visit) {
@@ -202,6 +251,12 @@ AccumulateFn<Q> AccumulateFor(KvType t) {
       t, []<class C>(std::type_identity<C>) -> AccumulateFn<Q> { return &AccumulateBlock<C, Q>; });
 }
 
+DecodeWhitenedFn DecodeWhitenedFor(KvType t) {
+  return WithCodec(t, []<class C>(std::type_identity<C>) -> DecodeWhitenedFn {
+    return &DecodeWhitenedBlock<C>;
+  });
+}
+
 constexpr int32_t kPrefetchBlocks = 2;
 
 inline void PrefetchBytes(const uint8_t* p, size_t n) {
@@ -217,7 +272,11 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   const int32_t hv_pad = (hv + 15) / 16 * 16;
   const int32_t max_keys = MaxKeys(n_keys, Q);
-  const ScoreFn<Q> scores = ScoreFor<Q>(kv.k_type);
+  // Whitened keys are decoded a block at a time into tile and scored as f32.
+  const bool whitened = kv.k_whitening != nullptr;
+  const ScoreFn<Q> scores = ScoreFor<Q>(whitened ? KvType::kF32 : kv.k_type);
+  const DecodeWhitenedFn decode = whitened ? DecodeWhitenedFor(kv.k_type) : nullptr;
+  alignas(64) float tile[kMaxWhitenedHeadDim * kKvBlockTokens];
   const AccumulateFn<Q> accumulate = AccumulateFor<Q>(kv.v_type);
   const int32_t k_group = KvGroupSize(kv.k_type, hk), v_group = KvGroupSize(kv.v_type, hv);
   float m[Q], l[Q];
@@ -238,7 +297,12 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
       PrefetchBytes(ValueBlock(kv, blk + kPrefetchBlocks), v_bytes);
     }
     __m512 s_raw[Q];
-    scores(kv.k_type, KeyBlock(kv, blk), hk, k_group, q, s_raw);
+    if (whitened) {
+      decode(kv.k_type, KeyBlock(kv, blk), hk, k_group, kv, blk, tile);
+      scores(KvType::kF32, reinterpret_cast<const uint8_t*>(tile), hk, 0, q, s_raw);
+    } else {
+      scores(kv.k_type, KeyBlock(kv, blk), hk, k_group, q, s_raw);
+    }
     if (coef != nullptr) {  // q·R(p)·m of keys stored less their offset (OffsetCoefficients)
       const float* rows = RopeTableBlock(kv.rope_table, kv.n_rot, blk);
       for (int32_t r = 0; r < kv.n_rot; ++r) {
@@ -290,7 +354,13 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
       const uint8_t* vb = ValueBlock(kv, j / kKvBlockTokens);
       const int32_t pos = j % kKvBlockTokens;
       float s = 0.0f;
-      for (int32_t d = 0; d < hk; ++d) s += q[i][d] * LoadKey(kv.k_type, kb, hk, d, pos);
+      if (kv.k_whitening != nullptr) {
+        float key[kMaxWhitenedHeadDim];
+        LoadWhitenedKey(kv, hk, j, key);
+        for (int32_t d = 0; d < hk; ++d) s += q[i][d] * key[d];
+      } else {
+        for (int32_t d = 0; d < hk; ++d) s += q[i][d] * LoadKey(kv.k_type, kb, hk, d, pos);
+      }
       if (coef != nullptr) s += static_cast<float>(OffsetScore(kv, coef + i * kv.n_rot, j));
       s *= shape.scale;
       const float m_new = std::max(m, s);
@@ -340,6 +410,10 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
   // given (m is in the unrotated basis).
   thread_local std::vector<float> coef_buffer;
   const float* coef = nullptr;
+  if (kv.k_whitening != nullptr) {
+    KVS_CHECK(kv.rope_table != nullptr && kv.n_rot > 0 && kv.n_rot <= shape.head_dim_k &&
+              shape.head_dim_k <= kMaxWhitenedHeadDim && kv.k_offset == nullptr);
+  }
   if (kv.k_offset != nullptr) {
     KVS_CHECK(kv.rope_table != nullptr && kv.n_rot > 0 && kv.n_rot <= shape.head_dim_k);
     coef_buffer.resize(static_cast<size_t>(n_queries) * kv.n_rot);
@@ -352,7 +426,7 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
   thread_local std::vector<float> q_rotated;
   thread_local std::vector<const float*> q_pointers;
   const float* const* q = q_in;
-  if (KvTypeIsRotated(kv.k_type)) {
+  if (KvTypeIsRotated(kv.k_type) && kv.k_whitening == nullptr) {
     const int32_t hk = shape.head_dim_k;
     q_rotated.resize(static_cast<size_t>(n_queries) * hk);
     q_pointers.resize(n_queries);
@@ -397,14 +471,19 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
     KVS_CHECK(n_keys[i] >= 1);
     std::vector<float> qi(q[i], q[i] + hk), coef(kv.n_rot);
     if (kv.k_offset != nullptr) OffsetCoefficients(kv, q[i], coef.data());
-    if (KvTypeIsRotated(kv.k_type)) RotateForward(qi.data(), hk);
+    const bool whitened = kv.k_whitening != nullptr;
+    if (KvTypeIsRotated(kv.k_type) && !whitened) RotateForward(qi.data(), hk);
     std::vector<double> s(static_cast<size_t>(n_keys[i]));
+    std::vector<float> key(hk);
     for (int32_t j = 0; j < n_keys[i]; ++j) {
       const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
-      double dot = 0.0;
-      for (int32_t d = 0; d < hk; ++d) {
-        dot += static_cast<double>(qi[d]) * LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
+      if (whitened) {
+        LoadWhitenedKey(kv, hk, j, key.data());
+      } else {
+        for (int32_t d = 0; d < hk; ++d) key[d] = LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
       }
+      double dot = 0.0;
+      for (int32_t d = 0; d < hk; ++d) dot += static_cast<double>(qi[d]) * key[d];
       if (kv.k_offset != nullptr) dot += OffsetScore(kv, coef.data(), j);
       s[j] = dot * shape.scale;
     }

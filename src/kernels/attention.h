@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/key_whitening.h"
 #include "kernels/kv_types.h"
 #include "kernels/ops.h"
 
@@ -34,7 +35,10 @@ struct KvHeadView {
   // Keys may be stored less R(p)·m: the head's mean key before RoPE, m, turned to each key's own
   // position p (KvLayerView::k_offset). Scores then owe q·R(p)·m, which is added per block from
   // the RoPE table: per query one coefficient per table row, per block n_rot FMAs.
-  const float* k_offset = nullptr;    // [head_dim_k] m, or null: keys stored as they are
+  const float* k_offset = nullptr;  // [head_dim_k] m, or null: keys stored as they are
+  // Or keys stored whitened before RoPE (key_whitening.h): each block is decoded to f32 keys,
+  // turned by RoPE from the table, and scored against the queries as given.
+  const KeyWhitening* k_whitening = nullptr;
   const float* rope_table = nullptr;  // RopeTable of the positions, at least max_keys of them
   int32_t n_rot = 0;
   bool rope_neox = false;

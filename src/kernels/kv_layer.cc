@@ -18,7 +18,23 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
   uint8_t* vb = layer.v + static_cast<size_t>(block) * layer.v_block_stride();
   const size_t kh = layer.k_head_bytes(), vh = layer.v_head_bytes();
   thread_local std::vector<float> shifted, offset, cos_sin;
-  if (layer.k_offset != nullptr) {
+  if (layer.k_whitening != nullptr) {
+    // Each head's key turned back by its position, then whitened.
+    const int32_t hd = layer.head_dim_k;
+    KVS_CHECK(layer.rope_table != nullptr && layer.n_rot > 0 && layer.n_rot <= hd);
+    cos_sin.resize(layer.n_rot);
+    RopeFromTable(layer.rope_table, layer.n_rot, position, cos_sin.data());
+    for (int32_t i = layer.n_rot / 2; i < layer.n_rot; ++i) cos_sin[i] = -cos_sin[i];
+    shifted.resize(static_cast<size_t>(layer.n_head_kv) * hd);
+    offset.resize(hd);
+    for (int32_t h = 0; h < layer.n_head_kv; ++h) {
+      const size_t at = static_cast<size_t>(h) * hd;
+      std::copy(k + at, k + at + hd, offset.begin());
+      ApplyRope(offset.data(), cos_sin.data(), layer.n_rot, layer.rope_neox);
+      WhitenKey(layer.k_whitening[h], hd, offset.data(), shifted.data() + at);
+    }
+    k = shifted.data();
+  } else if (layer.k_offset != nullptr) {
     // Each head's offset as stored: as it is, or turned by RoPE to this position.
     const int32_t hd = layer.head_dim_k;
     if (layer.k_offset_follows_rope) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/attention.h"
+#include "kernels/key_whitening.h"
 #include "kernels/kv_types.h"
 
 namespace kvs {
@@ -33,10 +34,17 @@ struct KvLayerView {
   //    query's scores all shift by the same q·offset and softmax ignores that.
   const float* k_offset = nullptr;
   bool k_offset_follows_rope = false;
+  // [n_head_kv] where KvKeysWhitened(k_type, head_dim_k), else nullptr: keys are stored whitened
+  // before RoPE (key_whitening.h) and k_offset is not used.
+  const KeyWhitening* k_whitening = nullptr;
   const float* rope_table = nullptr;  // RopeTable (attention.h) covering the positions written
   int32_t n_rot = 0;
   bool rope_neox = false;
 
+  // Whether writes and attention need rope_table: keys turned back from, or by, their position.
+  bool NeedsRopeTable() const {
+    return k_whitening != nullptr || (k_offset != nullptr && k_offset_follows_rope);
+  }
   size_t k_head_bytes() const { return KvHeadBlockBytes(k_type, head_dim_k); }
   size_t v_head_bytes() const { return KvHeadBlockBytes(v_type, head_dim_v); }
   size_t k_block_stride() const { return static_cast<size_t>(n_head_kv) * k_head_bytes(); }
@@ -51,8 +59,11 @@ struct KvLayerView {
     view.block_ids = kernel_block_ids;
     view.k_type = k_type;
     view.v_type = v_type;
-    if (k_offset != nullptr && k_offset_follows_rope) {
+    if (k_whitening != nullptr) view.k_whitening = k_whitening + g;
+    if (k_whitening == nullptr && k_offset != nullptr && k_offset_follows_rope) {
       view.k_offset = k_offset + static_cast<size_t>(g) * head_dim_k;
+    }
+    if (NeedsRopeTable()) {
       view.rope_table = rope_table;
       view.n_rot = n_rot;
       view.rope_neox = rope_neox;

@@ -12,6 +12,7 @@
 //   turbo4/turbo3  4- or 3-bit codes into a Lloyd-Max codebook for a unit Gaussian (what rotated
 //                  coordinates look like) with the scale that minimises the group's squared
 //                  error; groups as q8_0's
+// 4- and 3-bit keys of heads up to 16 dims are whitened before the rotation (key_whitening.h).
 // Packing inside data: 4-bit codes two per byte (element 2i low nibble, 2i+1 high); 3-bit codes
 // in runs of 16 (8 at a row's end) as a plane of 2-bit low parts then a plane of high bits.
 #pragma once

@@ -49,13 +49,23 @@ KvStorage::KvStorage(const KvGeometry& geometry, int32_t n_blocks)
   }
 }
 
-void KvStorage::SetKeyOffsets(std::vector<float> offsets) {
+void KvStorage::SetKeyCoding(KeyCoding coding) {
   const size_t per_layer = static_cast<size_t>(geometry_.n_head_kv) * geometry_.head_dim_k;
-  KVS_CHECK(offsets.size() == per_layer * geometry_.n_layer);
-  key_offsets_ = std::move(offsets);
+  const size_t heads = static_cast<size_t>(geometry_.n_layer) * geometry_.n_head_kv;
+  KVS_CHECK(coding.offsets.empty() || coding.offsets.size() == per_layer * geometry_.n_layer);
+  KVS_CHECK(coding.whitening.empty() || coding.whitening.size() == heads);
+  KVS_CHECK(coding.whitening.empty() == !KvKeysWhitened(geometry_.k_type, geometry_.head_dim_k));
+  key_coding_ = std::move(coding);
   for (int32_t l = 0; l < geometry_.n_layer; ++l) {
-    layers_[l].k_offset = key_offsets_.data() + l * per_layer;
-    layers_[l].k_offset_follows_rope = KvKeyOffsetFollowsRope(geometry_.k_type);
+    KvLayerView& layer = layers_[l];
+    if (!key_coding_.offsets.empty()) {
+      layer.k_offset = key_coding_.offsets.data() + l * per_layer;
+      layer.k_offset_follows_rope = KvKeyOffsetFollowsRope(geometry_.k_type);
+    }
+    if (!key_coding_.whitening.empty()) {
+      layer.k_whitening =
+          key_coding_.whitening.data() + static_cast<size_t>(l) * geometry_.n_head_kv;
+    }
   }
 }
 

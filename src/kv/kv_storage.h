@@ -28,6 +28,18 @@ struct KvGeometry {
   Status Validate() const;
 };
 
+// How a quantized K cache codes keys, measured once per model (engine/key_offsets.h). Set
+// before the first write, as every key of a head must be stored alike.
+struct KeyCoding {
+  // [n_layer][n_head_kv][head_dim_k], of the kind KvKeyOffsetFollowsRope(k_type) says (see
+  // KvLayerView::k_offset), or empty.
+  std::vector<float> offsets;
+  // [n_layer][n_head_kv] where KvKeysWhitened(k_type, head_dim_k) (KvLayerView::k_whitening),
+  // or empty.
+  std::vector<KeyWhitening> whitening;
+  bool empty() const { return offsets.empty() && whitening.empty(); }
+};
+
 class KvStorage {
  public:
   // n_blocks counts the null block, which is allocated too (never written, never read).
@@ -39,17 +51,14 @@ class KvStorage {
   // Kernel blocks (16 positions) per pool block.
   int32_t kernel_blocks_per_block() const { return geometry_.block_size / kKvBlockTokens; }
   const std::vector<KvLayerView>& layers() const { return layers_; }
-  // Key offsets [n_layer][n_head_kv][head_dim_k] of the kind KvKeyOffsetFollowsRope(k_type) says
-  // (see KvLayerView::k_offset); set before the first write, as every key of a head must be
-  // stored with the same one.
-  void SetKeyOffsets(std::vector<float> offsets);
+  void SetKeyCoding(KeyCoding coding);
 
  private:
   KvGeometry geometry_;
   int32_t n_blocks_;
   AlignedPtr<uint8_t> memory_;  // [n_layer][K: kernel blocks of K head blocks | V: ...]
   std::vector<KvLayerView> layers_;
-  std::vector<float> key_offsets_;
+  KeyCoding key_coding_;
 };
 
 }  // namespace kvs

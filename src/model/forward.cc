@@ -111,8 +111,8 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
     }
   }
   write_runs_.push_back(n);
-  const bool key_offsets = !kv.empty() && kv[0].k_offset != nullptr && kv[0].k_offset_follows_rope;
-  if (key_offsets) {
+  const bool rope_table = !kv.empty() && kv[0].NeedsRopeTable();
+  if (rope_table) {
     int32_t max_pos = 0;
     for (int32_t p : b.positions) max_pos = std::max(max_pos, p);
     const int32_t need = max_pos / kKvBlockTokens + 1;
@@ -153,7 +153,7 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
       }
     });
     KvLayerView layer = kv[l];
-    if (key_offsets) {
+    if (rope_table) {
       layer.rope_table = rope_table_.data();
       layer.n_rot = c_.n_rot;
       layer.rope_neox = c_.rope_neox;
