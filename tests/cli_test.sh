@@ -100,6 +100,7 @@ j = json.loads(sys.argv[1])
 assert j['cache_type_k'] == 'turbo4' and j['cache_type_v'] == 'q4_0'
 assert j['bits_k'] == 6.0 and j['kl_mean'] > 0 and 0 < j['top1_agree_pct'] <= 100
 assert abs(j['delta_ppl_pct'] - 100 * (j['ppl'] / j['base_ppl'] - 1)) < 1e-9
+assert 0 < j['kl_stderr'] < j['kl_mean'] and j['delta_ppl_stderr_pct'] > 0
 " "$out"; then pass "perplexity -ctk/-ctv --kl-base ($out)"; else fail "perplexity --kl-base gave '$out'"; fi
 # Against a base of its own type a cache must agree exactly; against f32 an f16 cache differs.
 out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --json -t 2 -ctk f16 -ctv f16 --kl-base --kl-base-type f16 2>/dev/null)
@@ -108,6 +109,7 @@ if python3 -c "
 import json, sys
 j, j32 = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 assert j['base_cache_type'] == 'f16' and j['kl_mean'] == 0 and j['top1_agree_pct'] == 100
+assert j['kl_stderr'] == 0 and j['delta_ppl_stderr_pct'] == 0
 assert j32['base_cache_type'] == 'f32' and j32['kl_mean'] > 0
 " "$out" "$out32"; then pass "perplexity --kl-base-type f16"; else fail "perplexity --kl-base-type gave '$out' / '$out32'"; fi
 expect_error "perplexity --kl-base-type q8_0" "KL base cache must be f32, f16 or bf16" \

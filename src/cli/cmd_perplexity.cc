@@ -111,7 +111,9 @@ Runner AddPerplexityCommand(CLI::App& root) {
         j["base_cache_type"] = a->kl_base_type;
         j["base_ppl"] = r->base_ppl;
         j["delta_ppl_pct"] = 100.0 * (r->ppl / r->base_ppl - 1.0);
+        j["delta_ppl_stderr_pct"] = r->delta_ppl_stderr_pct;
         j["kl_mean"] = r->kl_mean;
+        j["kl_stderr"] = r->kl_stderr;
         j["top1_agree_pct"] = r->top1_agree_pct;
       }
       std::printf("%s\n", j.dump().c_str());
@@ -123,10 +125,10 @@ Runner AddPerplexityCommand(CLI::App& root) {
           static_cast<long long>(r->n_scored), r->seconds);
       if (r->has_base) {
         std::printf(
-            "vs %s KV (perplexity %.4f): %+.3f%% perplexity, mean KL %.6f, top-1 "
-            "agreement %.2f%%\n",
-            a->kl_base_type.c_str(), r->base_ppl, 100.0 * (r->ppl / r->base_ppl - 1.0), r->kl_mean,
-            r->top1_agree_pct);
+            "vs %s KV (perplexity %.4f): %+.3f%% +/- %.3f%% perplexity, mean KL %.6f +/- "
+            "%.6f, top-1 agreement %.2f%%\n",
+            a->kl_base_type.c_str(), r->base_ppl, 100.0 * (r->ppl / r->base_ppl - 1.0),
+            r->delta_ppl_stderr_pct, r->kl_mean, r->kl_stderr, r->top1_agree_pct);
       }
     }
     return 0;

@@ -68,7 +68,7 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   std::vector<float> logits(logit_floats), base_logits(options.kl_base ? logit_floats : 0);
   std::vector<double> lp, base_lp;
   std::vector<int32_t> chunk(n_ctx);
-  double nll = 0, nll2 = 0, base_nll = 0, kl = 0;
+  double nll = 0, nll2 = 0, base_nll = 0, kl = 0, kl2 = 0, diff2 = 0;
   int64_t agree = 0;
   for (int32_t i = 0; i < r.n_chunks; ++i) {
     std::copy(tokens.begin() + static_cast<size_t>(i) * n_ctx,
@@ -93,7 +93,11 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
       for (int32_t v = 0; v < n_vocab; ++v) {
         kl_token += std::exp(base_lp[v]) * (base_lp[v] - lp[v]);
       }
-      kl += std::max(0.0, kl_token);
+      kl_token = std::max(0.0, kl_token);
+      kl += kl_token;
+      kl2 += kl_token * kl_token;
+      const double diff = base_lp[target] - lp[target];  // this run's nll minus the base's
+      diff2 += diff * diff;
       agree += ArgMax(row, n_vocab) == ArgMax(base_row, n_vocab);
     }
     r.n_scored += n_scored_per_chunk;
@@ -106,6 +110,13 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   if (base) {
     r.base_ppl = std::exp(base_nll / r.n_scored);
     r.kl_mean = kl / r.n_scored;
+    const auto stderr_of = [&](double mean, double sum_sq) {
+      const double v = sum_sq / r.n_scored - mean * mean;
+      return (v > 0 && r.n_scored > 1) ? std::sqrt(v / (r.n_scored - 1)) : 0.0;
+    };
+    r.kl_stderr = stderr_of(r.kl_mean, kl2);
+    const double mean_diff = r.nll - base_nll / r.n_scored;
+    r.delta_ppl_stderr_pct = 100.0 * std::exp(mean_diff) * stderr_of(mean_diff, diff2);
     r.top1_agree_pct = 100.0 * agree / r.n_scored;
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

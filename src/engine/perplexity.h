@@ -28,6 +28,10 @@ struct PerplexityResult {
   bool has_base = false;
   double base_ppl = 0;
   double kl_mean = 0;
+  double kl_stderr = 0;  // standard error of kl_mean over the scored tokens
+  // Standard error of the change in perplexity, in percent: from the per-token differences of
+  // the two runs' log-probabilities (paired, so what both runs share cancels).
+  double delta_ppl_stderr_pct = 0;
   double top1_agree_pct = 0;
 };
 
