@@ -3,7 +3,7 @@
 # divergence and top-1 agreement against an f32 KV cache on the same text, for kvserve and,
 # where it has the pair, llama.cpp (each engine against its own f32 cache; llama-perplexity's
 # --kl-divergence-base / --kl-divergence, flash attention on, which quantized V needs there).
-# Prints one markdown table per model.
+# Prints one markdown table per model; kvserve's figures with their standard errors (±).
 #   usage: bench/kv_fidelity.sh [-c CTX] [-f TEXT] [-t THREADS] MODEL.gguf...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +44,9 @@ for m in "$@"; do
       --kl-base --json 2>/dev/null | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
-print("%.2f/%.2f | %+.3f%% | %.2e | %.1f%%" % (j["bits_k"], j["bits_v"], j["delta_ppl_pct"],
-      j["kl_mean"], j["top1_agree_pct"]))' || echo "error | | |")
+print("%.2f/%.2f | %+.3f%% ± %.3f | %.2e ± %.1e | %.1f%%" % (j["bits_k"], j["bits_v"],
+      j["delta_ppl_pct"], j["delta_ppl_stderr_pct"], j["kl_mean"], j["kl_stderr"],
+      j["top1_agree_pct"]))' || echo "error | | |")
     peer="n/a | n/a | n/a"
     if [ $peer_ok = 1 ] && [[ $PEER_TYPES == *" $k "* ]] && [[ $PEER_TYPES == *" $v "* ]]; then
       if "$PEER/llama-perplexity" -m "$m" -c "$CTX" -t "$THREADS" -fa on -ctk "$k" -ctv "$v" \
@@ -57,7 +58,8 @@ print('%+.3f%% | %s | %s' % (100 * (float(q) / float(b) - 1), '%.2e' % float(kl)
       '%.1f%%' % float(top) if top else '100% (no summary)'))" 2>/dev/null ||
           echo "error | |")
       else
-        peer="refused: $(grep -m1 -E ' E ' "$TMP/peer.log" | sed 's/^[0-9. ]*E *[a-z_]*: *//' | cut -c1-70) | |"
+        peer="refused: $( (grep -m1 -E ' E ' "$TMP/peer.log" || tail -1 "$TMP/peer.log") |
+          sed 's/^[0-9. ]*E *[a-z_]*: *//' | cut -c1-70) | |"
       fi
     fi
     echo "| $k/$v | $ours | $peer |"
