@@ -129,12 +129,14 @@ struct Bit3Codec {
     std::memcpy(&hi, row + 4, 2);
     return Widen(lo, hi);
   }
+  // lanes is 16 or 8 (head sizes are multiples of 8); fixed-size copies, as a copy of a
+  // variable size is a library call per row.
   __m512 Values(const uint8_t* row, int32_t c0, int32_t lanes) const {
     const uint8_t* run = row + (c0 / 16) * 6;
-    uint32_t lo = 0, hi = 0;
-    std::memcpy(&lo, run, lanes / 4);
-    std::memcpy(&hi, run + lanes / 4, lanes / 8);
-    return _mm512_maskz_mov_ps(FirstLanes(lanes), Widen(lo, hi));
+    if (lanes == 16) return Keys(run);
+    uint16_t lo;
+    std::memcpy(&lo, run, 2);
+    return _mm512_maskz_mov_ps(0xff, Widen(lo, run[2]));
   }
 };
 
