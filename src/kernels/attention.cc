@@ -143,9 +143,9 @@ void DecodeWhitenedBlock(KvType t, const uint8_t* kb, int32_t hk, int32_t group,
     const int32_t a = kv.rope_neox ? i : 2 * i, b = kv.rope_neox ? i + half : 2 * i + 1;
     const __m512 c = _mm512_loadu_ps(rows + i * kKvBlockTokens);
     const __m512 sn = _mm512_loadu_ps(rows + (half + i) * kKvBlockTokens);
-    const __m512 ka = k[a], kb2 = k[b];
-    k[a] = _mm512_fmsub_ps(ka, c, _mm512_mul_ps(kb2, sn));
-    k[b] = _mm512_fmadd_ps(ka, sn, _mm512_mul_ps(kb2, c));
+    const __m512 k_a = k[a], k_b = k[b];
+    k[a] = _mm512_fmsub_ps(k_a, c, _mm512_mul_ps(k_b, sn));
+    k[b] = _mm512_fmadd_ps(k_a, sn, _mm512_mul_ps(k_b, c));
   }
   for (int32_t d = 0; d < hk; ++d) _mm512_store_ps(tile + d * kKvBlockTokens, k[d]);
 }

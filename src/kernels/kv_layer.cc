@@ -26,12 +26,12 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
     RopeFromTable(layer.rope_table, layer.n_rot, position, cos_sin.data());
     for (int32_t i = layer.n_rot / 2; i < layer.n_rot; ++i) cos_sin[i] = -cos_sin[i];
     shifted.resize(static_cast<size_t>(layer.n_head_kv) * hd);
-    offset.resize(hd);
     for (int32_t h = 0; h < layer.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(h) * hd;
-      std::copy(k + at, k + at + hd, offset.begin());
-      ApplyRope(offset.data(), cos_sin.data(), layer.n_rot, layer.rope_neox);
-      WhitenKey(layer.k_whitening[h], hd, offset.data(), shifted.data() + at);
+      float key[kMaxWhitenedHeadDim];
+      std::copy(k + at, k + at + hd, key);
+      ApplyRope(key, cos_sin.data(), layer.n_rot, layer.rope_neox);
+      WhitenKey(layer.k_whitening[h], hd, key, shifted.data() + at);
     }
     k = shifted.data();
   } else if (layer.k_offset != nullptr) {
