@@ -39,7 +39,7 @@ struct PerplexityOptions {
   int32_t n_ctx = 512;
   int32_t bos_id = -1;  // replaces each chunk's first token when >= 0
   KvTypes kv_types;     // the cache types being measured
-  // Tokens to measure the key offsets of a quantized K type on (KeyCalibrationTokens).
+  // Tokens to measure how a quantized K type codes keys on (KeyCalibrationTokens, KeyCoding).
   std::vector<int32_t> calibration_tokens;
   bool kl_base = false;  // also run a cache of base_types and compare against it
   KvTypes base_types;    // f32/f32 unless told; a quantized base is refused
