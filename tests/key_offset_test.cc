@@ -263,23 +263,11 @@ std::vector<float> WeakDirectionQueries(const KeyShape& ks, int32_t hd, const Ro
   return q;
 }
 
-// Each head's mean and covariance of n keys before RoPE, fitted.
+// Each head's whitening, fitted on n keys before RoPE [n][kHeads][hd].
 std::vector<KeyWhitening> FitWhitening(const std::vector<float>& keys, int32_t n, int32_t hd) {
   std::vector<KeyWhitening> out;
   for (int32_t h = 0; h < kHeads; ++h) {
-    std::vector<double> mean(hd, 0.0), cov(static_cast<size_t>(hd) * hd, 0.0);
-    auto key = [&](int32_t i) { return keys.data() + (static_cast<size_t>(i) * kHeads + h) * hd; };
-    for (int32_t i = 0; i < n; ++i) {
-      for (int32_t d = 0; d < hd; ++d) mean[d] += key(i)[d] / double(n);
-    }
-    for (int32_t i = 0; i < n; ++i) {
-      for (int32_t a = 0; a < hd; ++a) {
-        for (int32_t b = 0; b < hd; ++b) {
-          cov[a * hd + b] += (key(i)[a] - mean[a]) * (key(i)[b] - mean[b]) / double(n);
-        }
-      }
-    }
-    out.push_back(FitKeyWhitening(mean.data(), cov.data(), hd));
+    out.push_back(FitKeyWhitening(keys.data() + h * hd, n, static_cast<size_t>(kHeads) * hd, hd));
   }
   return out;
 }

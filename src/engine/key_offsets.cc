@@ -79,18 +79,9 @@ KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vect
   }
   KeyCoding coding;
   if (KvKeysWhitened(k_type, hk)) {
-    std::vector<double> cov(static_cast<size_t>(hk) * hk);
     for (size_t head = 0; head < n_heads; ++head) {
-      const double* m = mean_pre.data() + head * hk;
-      std::fill(cov.begin(), cov.end(), 0.0);
-      for (int32_t p = 0; p < n_tokens; ++p) {
-        const float* key = keys.data() + (static_cast<size_t>(p) * n_heads + head) * hk;
-        for (int32_t a = 0; a < hk; ++a) {
-          for (int32_t b = 0; b < hk; ++b)
-            cov[a * hk + b] += (key[a] - m[a]) * (key[b] - m[b]) / n_tokens;
-        }
-      }
-      coding.whitening.push_back(FitKeyWhitening(m, cov.data(), hk));
+      coding.whitening.push_back(
+          FitKeyWhitening(keys.data() + head * hk, n_tokens, n_heads * hk, hk));
     }
     return coding;
   }

@@ -37,7 +37,7 @@ void OffsetCoefficients(const KvHeadView& kv, const float* q, float* coef) {
   const int32_t half = kv.n_rot / 2;
   const float* m = kv.k_offset;
   for (int32_t i = 0; i < half; ++i) {
-    const int32_t a = kv.rope_neox ? i : 2 * i, b = kv.rope_neox ? i + half : 2 * i + 1;
+    const auto [a, b] = RopePairDims(i, kv.n_rot, kv.rope_neox);
     coef[i] = q[a] * m[a] + q[b] * m[b];
     coef[half + i] = q[b] * m[a] - q[a] * m[b];
   }
@@ -140,7 +140,7 @@ void DecodeWhitenedBlock(KvType t, const uint8_t* kb, int32_t hk, int32_t group,
   const float* rows = RopeTableBlock(kv.rope_table, kv.n_rot, blk);
   const int32_t half = kv.n_rot / 2;
   for (int32_t i = 0; i < half; ++i) {
-    const int32_t a = kv.rope_neox ? i : 2 * i, b = kv.rope_neox ? i + half : 2 * i + 1;
+    const auto [a, b] = RopePairDims(i, kv.n_rot, kv.rope_neox);
     const __m512 c = _mm512_loadu_ps(rows + i * kKvBlockTokens);
     const __m512 sn = _mm512_loadu_ps(rows + (half + i) * kKvBlockTokens);
     const __m512 k_a = k[a], k_b = k[b];

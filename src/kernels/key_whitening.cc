@@ -58,11 +58,19 @@ bool KvKeysWhitened(KvType t, int32_t head_dim) {
   return (t == KvType::kTurbo4 || t == KvType::kTurbo3) && head_dim <= kMaxWhitenedHeadDim;
 }
 
-KeyWhitening FitKeyWhitening(const double* mean, const double* cov, int32_t n) {
-  KVS_CHECK(n >= 1 && n <= kMaxWhitenedHeadDim);
+KeyWhitening FitKeyWhitening(const float* keys, int32_t n_keys, size_t stride, int32_t n) {
+  KVS_CHECK(n >= 1 && n <= kMaxWhitenedHeadDim && n_keys >= 1);
   constexpr int32_t kN = kMaxWhitenedHeadDim;
-  double a[kN * kN], u[kN * kN], eig[kN];
-  std::copy(cov, cov + n * n, a);
+  double mean[kN] = {}, a[kN * kN] = {}, u[kN * kN], eig[kN];
+  for (int32_t i = 0; i < n_keys; ++i) {
+    for (int32_t d = 0; d < n; ++d) mean[d] += keys[i * stride + d] / double(n_keys);
+  }
+  for (int32_t i = 0; i < n_keys; ++i) {  // covariance, into a
+    const float* k = keys + i * stride;
+    for (int32_t r = 0; r < n; ++r) {
+      for (int32_t c = 0; c < n; ++c) a[r * n + c] += (k[r] - mean[r]) * (k[c] - mean[c]) / n_keys;
+    }
+  }
   SymmetricEigen(a, n, eig, u);
   double mean_eig = 0.0;
   for (int32_t i = 0; i < n; ++i) mean_eig += std::max(eig[i], 0.0) / n;

@@ -13,6 +13,7 @@
 // +0.66% perplexity (turbo3 K and V: +13.0% to +1.2%), turbo4 K and V from +2.1% to +0.55%.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/kv_types.h"
@@ -32,10 +33,10 @@ struct KeyWhitening {
 // head_dim <= kMaxWhitenedHeadDim.
 bool KvKeysWhitened(KvType t, int32_t head_dim);
 
-// The whitening of a head whose keys before RoPE have mean[hd] and covariance cov[hd][hd]. Each
-// eigenvalue gets 1% of their mean added first, so a direction the calibration never saw vary
-// is not blown up.
-KeyWhitening FitKeyWhitening(const double* mean, const double* cov, int32_t head_dim);
+// The whitening of a head from n of its keys before RoPE, key i at keys[i * stride]: their mean
+// and covariance. Each eigenvalue gets 1% of their mean added first, so a direction the
+// calibration never saw vary is not blown up.
+KeyWhitening FitKeyWhitening(const float* keys, int32_t n, size_t stride, int32_t head_dim);
 
 // y[hd] = W (k - m): the coordinates of a key before RoPE (StoreKey then rotates and codes them).
 void WhitenKey(const KeyWhitening& w, int32_t head_dim, const float* key, float* y);

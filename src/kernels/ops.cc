@@ -32,8 +32,9 @@ void ApplyRope(float* x, const float* cos_sin, int32_t n_rot, bool neox) {
   const int32_t half = n_rot / 2;
   for (int32_t i = 0; i < half; ++i) {
     float c = cos_sin[i], s = cos_sin[half + i];
-    float* a = neox ? &x[i] : &x[2 * i];
-    float* b = neox ? &x[i + half] : &x[2 * i + 1];
+    const RopePair pair = RopePairDims(i, n_rot, neox);
+    float* a = &x[pair.a];
+    float* b = &x[pair.b];
     float x0 = *a, x1 = *b;
     *a = x0 * c - x1 * s;
     *b = x0 * s + x1 * c;

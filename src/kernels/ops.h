@@ -24,6 +24,13 @@ struct RopeParams {
 // to every head of every layer (ApplyRope).
 void RopeAngles(int32_t pos, const RopeParams& p, float* cos_sin);
 void ApplyRope(float* x, const float* cos_sin, int32_t n_rot, bool neox);
+// The two dims RoPE turns together as pair i < n_rot / 2 (adjacent, or half apart for neox).
+struct RopePair {
+  int32_t a, b;
+};
+inline RopePair RopePairDims(int32_t i, int32_t n_rot, bool neox) {
+  return neox ? RopePair{i, i + n_rot / 2} : RopePair{2 * i, 2 * i + 1};
+}
 
 // In-place softmax over n values.
 void Softmax(float* x, int64_t n);
