@@ -4,6 +4,8 @@
 # where it has the pair, llama.cpp (each engine against its own f32 cache; llama-perplexity's
 # --kl-divergence-base / --kl-divergence, flash attention on, which quantized V needs there).
 # Prints one markdown table per model; kvserve's figures with their standard errors (±).
+# Use F16 (or F32) weight files: a quantized weight file rounds the activations to 8-bit codes
+# before its integer dot products, and that staircase, not the KV type, then sets the KL floor.
 #   usage: bench/kv_fidelity.sh [-c CTX] [-f TEXT] [-t THREADS] MODEL.gguf...
 set -euo pipefail
 cd "$(dirname "$0")/.."
