@@ -60,7 +60,8 @@ class ForwardPass {
   AlignedBuffer proj_;  // [n][max(n_embd, ...)] output of wo / w_down
   AlignedBuffer rope_;  // [n][n_rot] cos/sin per token
   // RopeTable (attention.h) of positions [0, 16 * rope_table_blocks_), for caches whose keys are
-  // stored less their RoPE-turned offset; grown to the largest position seen.
+  // stored less their RoPE-turned offset or whitened before RoPE (KvLayerView::NeedsRopeTable);
+  // grown to the largest position seen.
   std::vector<float> rope_table_;
   int32_t rope_table_blocks_ = 0;
 };
