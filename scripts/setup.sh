@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates python3
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-      libcpp-httplib-dev libxxhash-dev libzstd-dev)
+      libcpp-httplib-dev libxxhash-dev libzstd-dev zlib1g-dev)
 # Node.js and npm run the openai npm package against the server in the tests; a machine that
 # already has node (e.g. from NodeSource, which bundles npm) keeps it.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)

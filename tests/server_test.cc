@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "server/http_server.h"
+#include "server/openai_server.h"
 #include "testing/test_models.h"
 
 namespace kvs::server {
@@ -261,7 +261,7 @@ TEST_F(ServerTest, ErrorsAreOpenAiShapedWithTheRightStatus) {
          400, "role", "messages");
   expect(Post("/v1/completions", {{"prompt", std::vector<int32_t>(70, 5)}}), 400,
          "maximum context length", "prompt");
-  expect(Post("/v1/completions", {{"prompt", {5, 99999}}}), 400, "vocabulary");
+  expect(Post("/v1/completions", {{"prompt", {5, 99999}}}), 400, "vocabulary", "prompt");
   expect(Post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}}), 404, "does not exist",
          "model");
   expect(client_->Get("/v2/nothing"), 404, "Unknown path");

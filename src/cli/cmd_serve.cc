@@ -6,7 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
-#include "server/http_server.h"
+#include "server/openai_server.h"
 
 namespace kvs::cli {
 namespace {
@@ -84,6 +84,7 @@ Runner AddServeCommand(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
   AddEngineFlags(cmd, &a->engine, /*default_parallel=*/4);
+  AddModelFlags(cmd, &a->server.model_options);
   return [a] { return RunServe(*a); };
 }
 

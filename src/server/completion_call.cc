@@ -42,28 +42,12 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
     if (e.choice == 0) last_token_ = now;
   }
   if (!c.done && (e.token >= 0 || !e.text.empty())) {
-    nlohmann::json lp = nullptr;
+    std::string lp;
     if (e.token >= 0) {
       ++c.tokens;
-      if (request_.logprobs) {
-        nlohmann::json top = nlohmann::json::object();
-        for (const auto& alt : e.top_logprobs) top[alt.text] = alt.logprob;
-        c.lp_tokens.push_back(e.text);
-        c.lp_values.push_back(e.logprob);
-        c.lp_top.push_back(top);
-        if (request_.chat) {
-          const nlohmann::json entry = ChatLogprobEntry(e, e.text);
-          c.logprobs.push_back(entry);
-          lp = {{"content", nlohmann::json::array({entry})}};
-        } else {
-          lp = {{"tokens", {e.text}},
-                {"token_logprobs", {e.logprob}},
-                {"top_logprobs", {top}},
-                {"text_offset", {static_cast<int64_t>(c.text.size() + c.pending.size())}}};
-        }
-      }
+      if (request_.logprobs) RecordLogprobs(e, &c, &lp);
     }
-    Emit(e.choice, e.text, e.finished, lp);
+    Emit(e.choice, e.text, e.finished, std::move(lp));
   }
   if (e.finished) {
     if (e.finish_reason == "error") {
@@ -77,8 +61,40 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
   cv_.notify_all();
 }
 
+void CompletionCall::RecordLogprobs(const kvserve::TokenEvent& e, Choice* c,
+                                    std::string* streamed) {
+  const auto append = [](std::string* list, const std::string& item) {
+    if (!list->empty()) *list += ",";
+    *list += item;
+  };
+  if (request_.chat) {
+    const std::string entry = ChatLogprobJson(e, e.text);
+    if (request_.stream) {
+      *streamed = "{\"content\":[" + entry + "]}";
+    } else {
+      append(&c->lp_content, entry);
+    }
+    return;
+  }
+  const std::string token = JsonString(e.text);
+  const std::string value = JsonNumber(e.logprob);
+  const std::string top = CompletionTopLogprobsJson(e);
+  if (request_.stream) {
+    const size_t offset = c->text.size() + c->pending.size();
+    *streamed = "{\"tokens\":[" + token + "],\"token_logprobs\":[" + value +
+                "],\"top_logprobs\":[" + top + "],\"text_offset\":[" + std::to_string(offset) +
+                "]}";
+    return;
+  }
+  append(&c->lp_tokens, token);
+  append(&c->lp_values, value);
+  append(&c->lp_top, top);
+  append(&c->lp_offsets, std::to_string(c->lp_offset));
+  c->lp_offset += static_cast<int64_t>(e.text.size());
+}
+
 void CompletionCall::Emit(int32_t index, const std::string& text, bool final,
-                          nlohmann::json logprobs) {
+                          std::string logprobs) {
   Choice& c = choices_[index];
   c.pending += text;
   std::string out;
@@ -89,7 +105,7 @@ void CompletionCall::Emit(int32_t index, const std::string& text, bool final,
     out = c.pending.substr(0, stop_at);
     c.pending.clear();
     c.text += out;
-    pieces_.push_back({index, out, "", logprobs});
+    if (request_.stream) pieces_.push_back({index, out, "", std::move(logprobs)});
     FinishChoice(index, "stop");
     return;
   }
@@ -108,20 +124,22 @@ void CompletionCall::Emit(int32_t index, const std::string& text, bool final,
   out = c.pending.substr(0, c.pending.size() - hold);
   c.pending.erase(0, c.pending.size() - hold);
   c.text += out;
-  if (!out.empty() || !logprobs.is_null()) pieces_.push_back({index, out, "", logprobs});
+  if (request_.stream && (!out.empty() || !logprobs.empty())) {
+    pieces_.push_back({index, out, "", std::move(logprobs)});
+  }
 }
 
 void CompletionCall::FinishChoice(int32_t index, const std::string& reason) {
   Choice& c = choices_[index];
   if (!c.pending.empty()) {
     c.text += c.pending;
-    pieces_.push_back({index, c.pending, "", nullptr});
+    if (request_.stream) pieces_.push_back({index, c.pending, "", ""});
     c.pending.clear();
   }
   c.done = true;
   c.finish_reason = reason;
   ++n_done_;
-  pieces_.push_back({index, "", reason, nullptr});
+  if (request_.stream) pieces_.push_back({index, "", reason, ""});
   // Every choice is over (stop strings end a choice before the engine does): free the blocks.
   if (n_done_ == static_cast<int32_t>(choices_.size()) && !engine_done_ && cancel_ &&
       !cancel_sent_) {
@@ -140,10 +158,7 @@ nlohmann::json CompletionCall::Usage() const {
 }
 
 std::string CompletionCall::ChunkJson(const Piece& p) {
-  nlohmann::json choice = {{"index", p.choice}};
-  choice["logprobs"] = p.logprobs;
-  choice["finish_reason"] =
-      p.finish_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.finish_reason);
+  std::string choice = "{\"index\":" + std::to_string(p.choice);
   if (request_.chat) {
     nlohmann::json delta = nlohmann::json::object();
     Choice& c = choices_[p.choice];
@@ -152,54 +167,47 @@ std::string CompletionCall::ChunkJson(const Piece& p) {
       c.role_sent = true;
     }
     if (!p.text.empty() || p.finish_reason.empty()) delta["content"] = p.text;
-    choice["delta"] = delta;
+    choice += ",\"delta\":" + Dump(delta);
   } else {
-    choice["text"] = p.text;
+    choice += ",\"text\":" + JsonString(p.text);
   }
-  nlohmann::json chunk = {{"id", id_},
-                          {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
-                          {"created", created_},
-                          {"model", model_},
-                          {"choices", {choice}}};
-  if (request_.include_usage) chunk["usage"] = nullptr;
-  return Dump(chunk);
+  choice += ",\"logprobs\":" + (p.logprobs.empty() ? std::string("null") : p.logprobs);
+  choice += ",\"finish_reason\":" +
+            (p.finish_reason.empty() ? std::string("null") : JsonString(p.finish_reason)) + "}";
+  std::string chunk = "{\"id\":" + JsonString(id_) + ",\"object\":\"" +
+                      (request_.chat ? "chat.completion.chunk" : "text_completion") +
+                      "\",\"created\":" + std::to_string(created_) +
+                      ",\"model\":" + JsonString(model_) + ",\"choices\":[" + choice + "]";
+  if (request_.include_usage) chunk += ",\"usage\":null";
+  return chunk + "}";
 }
 
 std::string CompletionCall::FinalJson() const {
-  nlohmann::json choices = nlohmann::json::array();
+  std::string choices;
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
-    nlohmann::json choice = {{"index", i}, {"finish_reason", c.finish_reason}};
-    nlohmann::json lp = nullptr;
-    if (request_.logprobs) {
-      if (request_.chat) {
-        lp = {{"content", c.logprobs}};
-      } else {
-        std::vector<int64_t> offsets;
-        int64_t off = 0;
-        for (const std::string& t : c.lp_tokens) {
-          offsets.push_back(off);
-          off += static_cast<int64_t>(t.size());
-        }
-        lp = {{"tokens", c.lp_tokens},
-              {"token_logprobs", c.lp_values},
-              {"top_logprobs", c.lp_top},
-              {"text_offset", offsets}};
-      }
-    }
-    choice["logprobs"] = lp;
-    if (request_.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    if (i > 0) choices += ",";
+    choices += "{\"index\":" + std::to_string(i) +
+               ",\"finish_reason\":" + JsonString(c.finish_reason) + ",\"logprobs\":";
+    if (!request_.logprobs) {
+      choices += "null";
+    } else if (request_.chat) {
+      choices += "{\"content\":[" + c.lp_content + "]}";
     } else {
-      choice["text"] = c.text;
+      choices += "{\"tokens\":[" + c.lp_tokens + "],\"token_logprobs\":[" + c.lp_values +
+                 "],\"top_logprobs\":[" + c.lp_top + "],\"text_offset\":[" + c.lp_offsets + "]}";
     }
-    choices.push_back(choice);
+    if (request_.chat) {
+      choices += ",\"message\":" +
+                 Dump(nlohmann::json{{"role", "assistant"}, {"content", c.text}}) + "}";
+    } else {
+      choices += ",\"text\":" + JsonString(c.text) + "}";
+    }
   }
-  nlohmann::json body = {
-      {"id", id_},           {"object", request_.chat ? "chat.completion" : "text_completion"},
-      {"created", created_}, {"model", model_},
-      {"choices", choices},  {"usage", Usage()}};
-  return Dump(body);
+  return "{\"id\":" + JsonString(id_) + ",\"object\":\"" +
+         (request_.chat ? "chat.completion" : "text_completion") +
+         "\",\"created\":" + std::to_string(created_) + ",\"model\":" + JsonString(model_) +
+         ",\"choices\":[" + choices + "],\"usage\":" + Dump(Usage()) + "}";
 }
 
 void CompletionCall::RecordMetrics(bool ok) {

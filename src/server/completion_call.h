@@ -47,20 +47,22 @@ class CompletionCall {
     bool done = false;
     bool role_sent = false;
     std::string finish_reason;
-    nlohmann::json logprobs = nlohmann::json::array();  // chat entries, or completion arrays
-    std::vector<std::string> lp_tokens;
-    std::vector<float> lp_values;
-    std::vector<nlohmann::json> lp_top;
+    // A non-streamed response's logprobs as JSON text, elements comma-separated: chat entries,
+    // or the four arrays of a completion. A streamed response keeps none.
+    std::string lp_content;
+    std::string lp_tokens, lp_values, lp_top, lp_offsets;
+    int64_t lp_offset = 0;
   };
-  struct Piece {  // text for a client, in order
+  struct Piece {  // streaming: text for a client, in order
     int32_t choice;
     std::string text;
     std::string finish_reason;  // non-empty: the choice ends with this piece
-    nlohmann::json logprobs;    // streaming logprobs for this piece (or null)
+    std::string logprobs;       // this piece's logprobs as JSON text ("": null)
   };
 
   // Under mu_: adds text to a choice, holding back a possible stop-string start.
-  void Emit(int32_t index, const std::string& text, bool final, nlohmann::json logprobs);
+  void Emit(int32_t index, const std::string& text, bool final, std::string logprobs);
+  void RecordLogprobs(const kvserve::TokenEvent& e, Choice* c, std::string* streamed);
   void FinishChoice(int32_t index, const std::string& reason);
   std::string ChunkJson(const Piece& p);
   nlohmann::json Usage() const;

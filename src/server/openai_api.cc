@@ -192,16 +192,52 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
   return std::nullopt;
 }
 
-nlohmann::json ChatLogprobEntry(const kvserve::TokenEvent& e, const std::string& text) {
-  nlohmann::json top = nlohmann::json::array();
-  for (const auto& alt : e.top_logprobs) {
-    top.push_back(
-        {{"token", alt.text}, {"logprob", alt.logprob}, {"bytes", nlohmann::json::array()}});
-    for (unsigned char ch : alt.text) top.back()["bytes"].push_back(ch);
+std::string JsonString(std::string_view s) { return Dump(nlohmann::json(std::string(s))); }
+
+std::string JsonNumber(double v) { return Dump(nlohmann::json(v)); }
+
+namespace {
+
+void AppendBytes(std::string* out, std::string_view text) {
+  *out += "[";
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (i > 0) *out += ",";
+    *out += std::to_string(static_cast<unsigned char>(text[i]));
   }
-  nlohmann::json bytes = nlohmann::json::array();
-  for (unsigned char ch : text) bytes.push_back(ch);
-  return {{"token", text}, {"logprob", e.logprob}, {"bytes", bytes}, {"top_logprobs", top}};
+  *out += "]";
+}
+
+}  // namespace
+
+std::string ChatLogprobJson(const kvserve::TokenEvent& e, const std::string& text) {
+  std::string out = "{\"token\":" + JsonString(text) + ",\"logprob\":" + JsonNumber(e.logprob) +
+                    ",\"bytes\":";
+  AppendBytes(&out, text);
+  out += ",\"top_logprobs\":[";
+  for (size_t i = 0; i < e.top_logprobs.size(); ++i) {
+    const auto& alt = e.top_logprobs[i];
+    if (i > 0) out += ",";
+    out += "{\"token\":" + JsonString(alt.text) + ",\"logprob\":" + JsonNumber(alt.logprob) +
+           ",\"bytes\":";
+    AppendBytes(&out, alt.text);
+    out += "}";
+  }
+  out += "]}";
+  return out;
+}
+
+std::string CompletionTopLogprobsJson(const kvserve::TokenEvent& e) {
+  std::string out = "{";
+  for (size_t i = 0; i < e.top_logprobs.size(); ++i) {
+    const auto& alt = e.top_logprobs[i];
+    bool seen = false;
+    for (size_t k = 0; k < i && !seen; ++k) seen = e.top_logprobs[k].text == alt.text;
+    if (seen) continue;
+    if (out.size() > 1) out += ",";
+    out += JsonString(alt.text) + ":" + JsonNumber(alt.logprob);
+  }
+  out += "}";
+  return out;
 }
 
 }  // namespace kvs::server

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,7 +46,16 @@ struct CompletionRequest {
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat,
                                                CompletionRequest* out);
 
-// Logprob entries of one token, in the shape of the endpoint.
-nlohmann::json ChatLogprobEntry(const kvserve::TokenEvent& e, const std::string& text);
+// JSON text of a string: quoted and escaped, invalid UTF-8 as U+FFFD.
+std::string JsonString(std::string_view s);
+// JSON text of a number (non-finite ones as null).
+std::string JsonNumber(double v);
+
+// Logprobs are written as JSON text as they are made: a response may carry hundreds of
+// thousands of them, and a JSON tree of each would cost tens of times the text's memory.
+// Chat: one entry {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}.
+std::string ChatLogprobJson(const kvserve::TokenEvent& e, const std::string& text);
+// Completions: the alternatives as {"text": logprob, ...} (the first of equal texts kept).
+std::string CompletionTopLogprobsJson(const kvserve::TokenEvent& e);
 
 }  // namespace kvs::server

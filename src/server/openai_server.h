@@ -4,22 +4,17 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "core/status.h"
 #include "kvserve/kvserve.h"
 #include "server/chat_template.h"
+#include "server/http/http_server.h"
 #include "server/metrics.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace kvs::server {
 
@@ -28,11 +23,20 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless told otherwise
   int port = 8080;                 // 0: any free port (tests)
   kvserve::EngineOptions engine;
+  kvserve::ModelOptions model_options;
   std::string api_key;        // non-empty: /v1/* needs "Authorization: Bearer KEY"
   std::string chat_template;  // empty: detect from the GGUF
   std::string alias;          // the model id clients use; default: the file name without .gguf
   int32_t max_queue = 256;    // requests waiting beyond -np before new ones get 503
-  size_t max_body_bytes = 8 << 20;
+  size_t max_body_bytes = 8 << 20;  // also once decompressed
+  // Connections and deadlines (see server/http/http_server.h); tests shorten them.
+  int max_connections = 4096;
+  std::chrono::milliseconds header_timeout{10000};
+  std::chrono::milliseconds body_timeout{60000};
+  std::chrono::milliseconds idle_timeout{5000};
+  std::chrono::milliseconds write_timeout{30000};
+  // How long Stop lets cancelled responses reach their end before cutting the connections.
+  std::chrono::milliseconds shutdown_grace{5000};
 };
 
 class Server {
@@ -53,14 +57,13 @@ class Server {
   const kvserve::EngineOptions& engine_options() const { return engine_->options(); }
 
  private:
-  void Routes();
-  void Completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  void Models(httplib::Response& res) const;
-  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
+  void Handle(http::Request& req, http::Response& res);
+  void Completion(const http::Request& req, http::Response& res, bool chat);
+  void Models(http::Response& res) const;
+  bool Authorized(const http::Request& req, http::Response& res) const;
 
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread listen_thread_;
+  std::unique_ptr<http::HttpServer> http_;
   std::atomic<bool> listening_{false};
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};

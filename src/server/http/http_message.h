@@ -1,0 +1,72 @@
+// HTTP/1.1 requests and responses as the server's handlers see them: the head already parsed
+// and checked, the body de-framed (Content-Length or chunked) and decoded (Content-Encoding),
+// each within the limits of Limits.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvs::server::http {
+
+struct Header {
+  std::string name;  // lower-cased
+  std::string value;
+};
+
+// What one request may cost the server before it is refused.
+struct Limits {
+  size_t max_head_bytes = 16 << 10;  // request line + headers (431 beyond)
+  size_t max_headers = 100;          // header fields (431 beyond)
+  size_t max_body_bytes = 8 << 20;   // the body after de-framing and decompression (413 beyond)
+};
+
+struct Request {
+  std::string method;   // "GET", "POST", ...
+  std::string path;     // "/v1/completions" (the target without its query)
+  std::string query;    // after '?', undecoded
+  int minor_version = 1;  // HTTP/1.<minor>
+  std::vector<Header> headers;
+  std::string body;
+
+  // The value of a header (name in lower case), or nullptr.
+  const std::string* Find(std::string_view name) const {
+    for (const Header& h : headers) {
+      if (h.name == name) return &h.value;
+    }
+    return nullptr;
+  }
+  std::string Get(std::string_view name) const {
+    const std::string* v = Find(name);
+    return v ? *v : std::string();
+  }
+};
+
+// Writes part of a streamed body; false when the client is gone (or the server is stopping).
+using BodyWriter = std::function<bool(std::string_view)>;
+
+struct Response {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<Header> headers;  // more header fields
+  // A streamed body (sent chunked): called on the handler's thread once the head is out, with
+  // a writer; returns when the body is complete or the writer has failed.
+  std::function<void(const BodyWriter&)> stream;
+};
+
+// "OK", "Not Found", ... ("Unknown" for a status without one here).
+const char* ReasonPhrase(int status);
+
+// The status line and header fields, ending with the blank line. `body_bytes` < 0: chunked.
+std::string SerializeHead(const Response& res, bool keep_alive, long long body_bytes);
+
+// A whole response (head and body) with a Content-Length.
+std::string SerializeResponse(const Response& res, bool keep_alive);
+
+// One chunk of a chunked body ("" gives the last chunk).
+std::string Chunk(std::string_view data);
+
+}  // namespace kvs::server::http

@@ -1,0 +1,300 @@
+#include "server/openai_server.h"
+
+#include <chrono>
+
+#include "core/log.h"
+#include "server/completion_call.h"
+#include "server/openai_api.h"
+
+namespace kvs::server {
+namespace {
+
+void SendError(http::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.content_type = "application/json";
+  res.body = Dump(ErrorJson(e));
+  res.stream = nullptr;
+}
+
+std::string FileStem(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0)
+    name.resize(name.size() - 5);
+  return name;
+}
+
+// Work a request's logprobs may cost: entries of n x max_tokens x (top_logprobs + 1). A
+// streamed response keeps none of them; a non-streamed one holds its JSON text until the end.
+constexpr int64_t kMaxLogprobEntriesStreamed = int64_t{1} << 22;
+constexpr int64_t kMaxLogprobEntries = int64_t{1} << 18;
+
+}  // namespace
+
+Server::Server(ServerOptions options) : options_(std::move(options)) {
+  model_id_ = options_.alias.empty() ? FileStem(options_.model_path) : options_.alias;
+}
+
+Server::~Server() {
+  Stop();
+}
+
+bool Server::Authorized(const http::Request& req, http::Response& res) const {
+  if (options_.api_key.empty()) return true;
+  if (req.Get("authorization") == "Bearer " + options_.api_key) return true;
+  SendError(res, ApiError{401,
+                          "invalid_request_error",
+                          req.Find("authorization") ? "Incorrect API key provided."
+                                                    : "Missing API key: send "
+                                                      "'Authorization: Bearer KEY'.",
+                          {},
+                          "invalid_api_key"});
+  return false;
+}
+
+void Server::Handle(http::Request& req, http::Response& res) {
+  if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req, res)) return;
+  struct Route {
+    const char* method;
+    const char* path;
+  };
+  static constexpr Route kRoutes[] = {{"GET", "/health"},
+                                      {"GET", "/metrics"},
+                                      {"GET", "/v1/models"},
+                                      {"POST", "/v1/completions"},
+                                      {"POST", "/v1/chat/completions"}};
+  const Route* route = nullptr;
+  for (const Route& r : kRoutes) {
+    if (req.path == r.path) route = &r;
+  }
+  if (!route) {
+    return SendError(res, ApiError{404, "invalid_request_error",
+                                   "Unknown path: " + req.method + " " + req.path, {},
+                                   "not_found"});
+  }
+  if (req.method != route->method) {
+    SendError(res, ApiError{405, "invalid_request_error",
+                            req.path + " takes " + route->method + ", not " + req.method, {},
+                            "method_not_allowed"});
+    res.headers.push_back({"Allow", route->method});
+    return;
+  }
+  if (req.path == "/health") {
+    if (ready_ && !stopping_) {
+      res.body = R"({"status":"ok"})";
+    } else {
+      res.status = 503;
+      res.body = stopping_ ? R"({"status":"stopping"})" : R"({"status":"loading"})";
+    }
+    return;
+  }
+  if (req.path == "/metrics") {
+    const kvserve::EngineStats stats = ready_ ? engine_->stats() : kvserve::EngineStats{};
+    res.content_type = "text/plain; version=0.0.4";
+    res.body = metrics_.Render(stats, model_id_);
+    return;
+  }
+  if (!ready_ || stopping_) {
+    return SendError(res, ApiError{503,
+                                   "server_error",
+                                   stopping_ ? "The server is shutting down." : "The model is loading.",
+                                   {},
+                                   {}});
+  }
+  if (req.path == "/v1/models") return Models(res);
+  Completion(req, res, /*chat=*/req.path == "/v1/chat/completions");
+}
+
+void Server::Models(http::Response& res) const {
+  const nlohmann::json model = {{"id", model_id_},
+                                {"object", "model"},
+                                {"created", 0},
+                                {"owned_by", "kvserve"},
+                                {"meta",
+                                 {{"n_vocab", model_->n_vocab()},
+                                  {"n_ctx", engine_->options().n_ctx},
+                                  {"n_ctx_train", model_->n_ctx_train()},
+                                  {"chat_template", ChatFormatName(chat_format_)}}}};
+  res.body = Dump(nlohmann::json{{"object", "list"}, {"data", {model}}});
+}
+
+void Server::Completion(const http::Request& req, http::Response& res, bool chat) {
+  nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return SendError(
+        res, ApiError{400, "invalid_request_error", "The request body is not valid JSON.", {}, {}});
+  }
+  CompletionRequest request;
+  if (auto err = ParseCompletionRequest(body, chat, &request)) return SendError(res, *err);
+  body = nullptr;  // the parsed request holds what is needed
+  if (!request.model.empty() && request.model != model_id_) {
+    return SendError(res, ApiError{404, "invalid_request_error",
+                                   "The model '" + request.model +
+                                       "' does not exist; this "
+                                       "server has '" +
+                                       model_id_ + "'.",
+                                   "model", "model_not_found"});
+  }
+  const kvserve::EngineOptions& eo = engine_->options();
+  if (request.gen.n > eo.n_parallel) {
+    return SendError(res, ApiError{400, "invalid_request_error",
+                                   "'n' is " + std::to_string(request.gen.n) +
+                                       "; this server decodes at most " +
+                                       std::to_string(eo.n_parallel) + " sequences at once (-np)",
+                                   "n", {}});
+  }
+  std::vector<int32_t> prompt;
+  if (chat) {
+    const RenderedChat rendered = RenderChat(chat_format_, request.messages);
+    prompt = model_->Tokenize(rendered.text, rendered.add_bos);
+  } else if (!request.prompt_ids.empty()) {
+    prompt = request.prompt_ids;
+    for (int32_t t : prompt) {
+      if (t >= model_->n_vocab()) {
+        return SendError(res, ApiError{400, "invalid_request_error",
+                                       "token id " + std::to_string(t) +
+                                           " is outside the vocabulary (0.." +
+                                           std::to_string(model_->n_vocab() - 1) + ")",
+                                       "prompt", {}});
+      }
+    }
+  } else {
+    prompt = model_->Tokenize(request.prompt_text, /*add_special=*/true);
+  }
+  const int32_t n_ctx = eo.n_ctx;
+  if (static_cast<int64_t>(prompt.size()) >= n_ctx) {
+    return SendError(res,
+                     ApiError{400, "invalid_request_error",
+                              "This model's maximum context length is " + std::to_string(n_ctx) +
+                                  " tokens; the prompt has " + std::to_string(prompt.size()) + ".",
+                              chat ? "messages" : "prompt", "context_length_exceeded"});
+  }
+  if (request.gen.logprobs >= 0) {
+    const int64_t tokens = request.gen.max_tokens > 0
+                               ? request.gen.max_tokens
+                               : n_ctx - static_cast<int64_t>(prompt.size());
+    const int64_t entries = int64_t{request.gen.n} * tokens * (request.gen.logprobs + 1);
+    const int64_t cap = request.stream ? kMaxLogprobEntriesStreamed : kMaxLogprobEntries;
+    if (entries > cap) {
+      return SendError(
+          res, ApiError{400, "invalid_request_error",
+                        "n x max_tokens x (top_logprobs + 1) is " + std::to_string(entries) +
+                            " log-probabilities, more than the " + std::to_string(cap) +
+                            (request.stream ? " a streamed" : " a non-streamed") +
+                            " request may ask for; lower one of them" +
+                            (request.stream ? "" : ", or stream the response"),
+                        chat ? "top_logprobs" : "logprobs", {}});
+    }
+  }
+  const int64_t limit = eo.n_parallel + options_.max_queue;
+  if (in_flight_.fetch_add(1) >= limit) {
+    in_flight_.fetch_sub(1);
+    return SendError(res, ApiError{503,
+                                   "server_error",
+                                   "The server is overloaded (" + std::to_string(limit) +
+                                       " requests in flight); retry later.",
+                                   {},
+                                   "overloaded"});
+  }
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
+  auto call = std::make_shared<CompletionCall>(request, id, model_id_,
+                                               static_cast<int64_t>(prompt.size()), &metrics_);
+  std::string error;
+  const uint64_t rid = engine_->Submit(
+      std::move(prompt), request.gen, [call](const kvserve::TokenEvent& e) { call->OnEvent(e); },
+      &error);
+  if (rid == 0) {
+    in_flight_.fetch_sub(1);
+    const bool kv = error.find("KV memory") != std::string::npos;
+    return SendError(
+        res, ApiError{400, "invalid_request_error", error, kv ? "max_tokens" : std::string(), {}});
+  }
+  kvserve::Engine* engine = engine_.get();
+  call->Attach(rid, [engine](uint64_t r) { engine->Cancel(r); });
+  res.content_type = request.stream ? "text/event-stream" : "application/json";
+  res.stream = [call, this](const http::BodyWriter& write) {
+    // Ends the request in the engine however the response ends (no-op when it completed).
+    struct Release {
+      CompletionCall* call;
+      std::atomic<int64_t>* in_flight;
+      ~Release() {
+        call->Abandon();
+        in_flight->fetch_sub(1);
+      }
+    } release{call.get(), &in_flight_};
+    const auto sink = [&write](const std::string& s) { return write(s); };
+    bool done = false;
+    while (!done && call->Pump(sink, &done)) {
+    }
+  };
+}
+
+Expected<int> Server::Listen() {
+  http::HttpServerOptions o;
+  o.host = options_.host;
+  o.port = options_.port;
+  o.limits.max_body_bytes = options_.max_body_bytes;
+  // Every request in flight holds a worker while it streams; the rest answer the quick ones
+  // (health, metrics, refusals) however many completions run.
+  o.worker_threads = std::min(1024, options_.engine.n_parallel + options_.max_queue + 8);
+  o.max_connections = options_.max_connections;
+  o.header_timeout = options_.header_timeout;
+  o.body_timeout = options_.body_timeout;
+  o.idle_timeout = options_.idle_timeout;
+  o.write_timeout = options_.write_timeout;
+  http_ = std::make_unique<http::HttpServer>(
+      o, [this](http::Request& req, http::Response& res) { Handle(req, res); },
+      [](int status, const std::string& message) {
+        http::Response res;
+        SendError(res, ApiError{status, status >= 500 ? "server_error" : "invalid_request_error",
+                                message, {}, {}});
+        return res;
+      });
+  Expected<int> port = http_->Listen();
+  if (!port.ok()) {
+    http_.reset();
+    return port;
+  }
+  listening_ = true;
+  return port;
+}
+
+Status Server::Load() {
+  std::string error;
+  model_ = kvserve::Model::Load(options_.model_path, &error);
+  if (!model_) return Status::Error(error);
+  if (!options_.chat_template.empty()) {
+    KVS_ASSIGN_OR_RETURN(chat_format_, ChatFormatFromName(options_.chat_template));
+  } else {
+    chat_format_ = DetectChatFormat(model_->ChatTemplate());
+  }
+  kvserve::EngineOptions eo = options_.engine;
+  if (eo.n_ctx == 0) eo.n_ctx = model_->n_ctx_train();
+  engine_ = kvserve::Engine::Start(model_, eo, &error);
+  if (!engine_) return Status::Error(error);
+  // Requests without max_tokens may grow to -c: one such sequence must fit the pool.
+  const kvserve::EngineStats s = engine_->stats();
+  const int64_t positions = static_cast<int64_t>(s.kv_blocks_total) * s.block_size;
+  if (positions < eo.n_ctx) {
+    engine_.reset();
+    return Status::Error(
+        StrFormat("--kv-memory holds %lld positions, fewer than one full context "
+                  "(-c %d); raise --kv-memory or lower -c",
+                  static_cast<long long>(positions), eo.n_ctx));
+  }
+  ready_ = true;
+  return Status::Ok();
+}
+
+void Server::Stop() {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  stopping_ = true;  // new requests get 503 from here on
+  // Cancelling what runs lets every handler finish its response ([DONE]) within the grace;
+  // the HTTP layer then cuts whatever still writes (a client that does not read), joins its
+  // threads, and nothing refers to the engine any more.
+  if (engine_) engine_->CancelAll();
+  if (http_) http_->Stop(options_.shutdown_grace);
+  listening_ = false;
+  engine_.reset();
+}
+
+}  // namespace kvs::server
