@@ -260,7 +260,7 @@ Expected<int> Server::Listen() {
 
 Status Server::Load() {
   std::string error;
-  model_ = kvserve::Model::Load(options_.model_path, &error);
+  model_ = kvserve::Model::Load(options_.model_path, options_.model_options, &error);
   if (!model_) return Status::Error(error);
   if (!options_.chat_template.empty()) {
     KVS_ASSIGN_OR_RETURN(chat_format_, ChatFormatFromName(options_.chat_template));
