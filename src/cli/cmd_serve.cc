@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -15,6 +16,8 @@ struct ServeArgs {
   std::string model;
   server::ServerOptions server;
   EngineFlags engine;
+  double timeout_s = 60;      // --timeout: a request body, or a response making no progress
+  double keep_alive_s = 5;    // --timeout-keep-alive: an idle connection between requests
 };
 
 int RunServe(ServeArgs a) {
@@ -32,6 +35,10 @@ int RunServe(ServeArgs a) {
 
   a.server.model_path = path;
   a.server.engine = a.engine.options;
+  const auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  a.server.body_timeout = ms(a.timeout_s);
+  a.server.write_timeout = ms(a.timeout_s);
+  a.server.idle_timeout = ms(a.keep_alive_s);
   server::Server server(a.server);
   auto port = server.Listen();
   if (!port.ok()) {
@@ -83,6 +90,19 @@ Runner AddServeCommand(CLI::App& root) {
                   "Requests waiting beyond -np before new ones get 503")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
+  cmd->add_option("--timeout", a->timeout_s,
+                  "Seconds a request body may take to arrive, and a response may go without "
+                  "progress, before the connection is closed (a request head gets 10)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
+  cmd->add_option("--timeout-keep-alive", a->keep_alive_s,
+                  "Seconds an idle connection is kept open between requests")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--max-connections", a->server.max_connections,
+                  "Open connections at most; beyond, the stalest idle or unfinished one is closed")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 1 << 20));
   AddEngineFlags(cmd, &a->engine, /*default_parallel=*/4);
   AddModelFlags(cmd, &a->server.model_options);
   return [a] { return RunServe(*a); };
