@@ -57,7 +57,8 @@ void Metrics::RecordInterTokenGap(double seconds) {
   tpot_.Observe(seconds);
 }
 
-std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& model) const {
+std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& model,
+                            const http::HttpServer::Stats& connections) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   char line[512];
@@ -88,6 +89,16 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
         static_cast<double>(s.prefix_cache_hits));
   gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
   gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
+  // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding
+  // client being shed.
+  gauge("http_connections_open", "gauge", "HTTP connections open.",
+        static_cast<double>(connections.open));
+  gauge("http_connections_timed_out_total", "counter",
+        "HTTP connections closed for missing a deadline (head, body, idle, write).",
+        static_cast<double>(connections.timed_out));
+  gauge("http_connections_evicted_total", "counter",
+        "HTTP connections closed to make room under --max-connections.",
+        static_cast<double>(connections.evicted));
   ttft_.Render("kvserve:time_to_first_token_seconds", "Time to first token.", &out);
   tpot_.Render("kvserve:time_per_output_token_seconds", "Time between output tokens.", &out);
   e2e_.Render("kvserve:e2e_request_latency_seconds", "End-to-end request latency.", &out);

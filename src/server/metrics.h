@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvserve/kvserve.h"
+#include "server/http/http_server.h"
 
 namespace kvs::server {
 
@@ -31,7 +32,8 @@ class Metrics {
   void RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double ttft_s, double e2e_s,
                      bool ok);
   void RecordInterTokenGap(double seconds);  // time per output token, one per gap
-  std::string Render(const kvserve::EngineStats& engine, const std::string& model) const;
+  std::string Render(const kvserve::EngineStats& engine, const std::string& model,
+                     const http::HttpServer::Stats& connections = {}) const;
 
  private:
   mutable std::mutex mu_;

@@ -90,7 +90,7 @@ void Server::Handle(http::Request& req, http::Response& res) {
   if (req.path == "/metrics") {
     const kvserve::EngineStats stats = ready_ ? engine_->stats() : kvserve::EngineStats{};
     res.content_type = "text/plain; version=0.0.4";
-    res.body = metrics_.Render(stats, model_id_);
+    res.body = metrics_.Render(stats, model_id_, http_->stats());
     return;
   }
   if (!ready_ || stopping_) {
