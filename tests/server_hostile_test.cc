@@ -214,6 +214,26 @@ TEST_F(HostileTest, ConnectionCapEvictsTheStalestAndKeepsServing) {
   EXPECT_GE(std::stod(metrics->body.substr(at + 41)), 1.0);
 }
 
+TEST_F(HostileTest, LateBodiesAndIdleConnectionsAreClosed) {
+  ServerOptions o;
+  o.body_timeout = 300ms;
+  o.idle_timeout = 300ms;
+  Start(o);
+  // A body that stops arriving: 408 once its deadline passes.
+  const int late = Connect(port_);
+  SendAll(late, "POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro");
+  held_.push_back(late);
+  const std::string reply = ReadReply(late);
+  EXPECT_EQ(StatusOf(reply), 408) << reply;
+  // An idle keep-alive connection is closed after its response.
+  const int idle = Connect(port_);
+  held_.push_back(idle);
+  SendAll(idle, "GET /health HTTP/1.1\r\n\r\n");
+  const std::string answered = ReadReply(idle);  // the answer, then the close
+  EXPECT_EQ(StatusOf(answered), 200);
+  EXPECT_NE(answered.find("keep-alive"), std::string::npos);
+}
+
 TEST_F(HostileTest, MissingOrBadLengthIsAnsweredAtOnce) {
   ServerOptions o;
   o.header_timeout = 60s;  // the answer must not wait for any deadline
