@@ -41,6 +41,21 @@ expect_error "negative temperature" "temperature" "$BIN" generate -m "$S" --temp
 expect_error "perplexity on too little text" "needs at least" "$BIN" perplexity -m "$S" -f /dev/null -c 64
 expect_error "vocab-only model cannot generate" "missing tensor" "$BIN" generate -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf"
 
+# --check-tensors: a NaN written into a copy of the model is refused, by tensor and element, by
+# every command that runs a model (the check is opt-in).
+# token_embd.weight [64, 512] f32 starts the data section at 14176: element 100 is row 1.
+cp "$S" "$TMP/nan.gguf" && chmod u+w "$TMP/nan.gguf"
+printf '\x00\x00\xc0\x7f' | dd of="$TMP/nan.gguf" bs=1 seek=$((14176 + 4 * 100)) conv=notrunc status=none
+NAN_MSG="tensor 'token_embd.weight' (f32 \[64, 512\]) has a NaN at element 100 (row 1, column 36)"
+expect_error "--check-tensors: generate" "$NAN_MSG" "$BIN" generate -m "$TMP/nan.gguf" -n 4 -t 2 --check-tensors
+expect_error "--check-tensors: perplexity" "$NAN_MSG" "$BIN" perplexity -m "$TMP/nan.gguf" -f /dev/null --check-tensors
+expect_error "--check-tensors: bench speed" "$NAN_MSG" "$BIN" bench speed -m "$TMP/nan.gguf" -p 8 -n 4 -r 1 --check-tensors
+expect_error "--check-tensors: bench memory" "$NAN_MSG" "$BIN" bench memory -m "$TMP/nan.gguf" --requests 2 --check-tensors
+expect_error "--check-tensors: bench throughput" "$NAN_MSG" "$BIN" bench throughput -m "$TMP/nan.gguf" --requests 2 --check-tensors
+expect_error "--check-tensors: serve" "$NAN_MSG" "$BIN" serve -m "$TMP/nan.gguf" --port $((20000 + RANDOM % 20000)) --check-tensors
+"$BIN" generate -m "$S" -n 4 -t 2 --check-tensors >/dev/null 2>"$TMP/err" && pass "--check-tensors: a clean model loads" ||
+  fail "--check-tensors on the clean model: $(head -3 "$TMP/err")"
+
 # Golden: greedy from BOS reproduces the reference story (first 200 ids at least).
 "$BIN" generate -m "$S" -n 256 --temp 0 --show-ids -t 2 >"$TMP/story" 2>"$TMP/stats"
 want=$(sed -n '/^ids:/{n;p}' "$MODELS/stories260K.greedy256.expected.txt" | cut -d' ' -f1-200)

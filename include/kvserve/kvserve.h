@@ -16,10 +16,19 @@
 
 namespace kvserve {
 
+struct ModelOptions {
+  // Read every weight once at load and refuse the model, naming the tensor and the element,
+  // if one is NaN or infinite (llama.cpp's --check-tensors). Off by default: it costs a pass
+  // over the whole file.
+  bool check_tensors = false;
+};
+
 class Model {
  public:
   // Loads weights (repacked for the kernels) and the tokenizer. nullptr with *error on failure.
   static std::shared_ptr<Model> Load(const std::string& path, std::string* error);
+  static std::shared_ptr<Model> Load(const std::string& path, const ModelOptions& options,
+                                     std::string* error);
   ~Model();
 
   // Text to token ids; add_special adds BOS/EOS as the model's metadata asks.

@@ -24,7 +24,14 @@ Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
 
 std::shared_ptr<Model> Model::Load(const std::string& path, std::string* error) {
-  auto model = kvs::Model::Load(path);
+  return Load(path, ModelOptions(), error);
+}
+
+std::shared_ptr<Model> Model::Load(const std::string& path, const ModelOptions& options,
+                                   std::string* error) {
+  kvs::ModelLoadOptions load;
+  load.check_tensors = options.check_tensors;
+  auto model = kvs::Model::Load(path, load);
   if (!model.ok()) {
     *error = model.error();
     return nullptr;

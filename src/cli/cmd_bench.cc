@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/aligned.h"
 #include "core/thread_pool.h"
 #include "engine/key_offsets.h"
@@ -29,6 +30,7 @@ struct SpeedArgs {
   int32_t depth = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
   bool json = false;
+  kvserve::ModelOptions model_options;
 };
 
 struct MeanStd {
@@ -55,7 +57,7 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 int RunSpeed(const SpeedArgs& a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
-  auto model = Model::Load(path);
+  auto model = Model::Load(path, {.check_tensors = a.model_options.check_tensors});
   if (!model) {
     std::fprintf(stderr, "error: %s\n", model.error().c_str());
     return 1;
@@ -218,6 +220,7 @@ Runner AddBenchCommand(CLI::App& root) {
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand("speed", "Prefill and decode tokens/s, like llama-bench");
   speed->add_option("-m,--model", a->model, "GGUF model file");
+  AddModelFlags(speed, &a->model_options);
   speed->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens for the prefill test (0: skip)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));

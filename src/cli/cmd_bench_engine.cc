@@ -44,6 +44,7 @@ struct MemoryArgs {
   int32_t threads = ThreadPool::DefaultThreadCount();
   bool json = false;
   bool verbose = false;
+  kvserve::ModelOptions model_options;
 };
 
 struct Job {
@@ -156,7 +157,7 @@ Expected<MemoryResult> ServeWorkload(const Model& model, const std::vector<Job>&
 int RunMemory(const MemoryArgs& a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
-  auto model = Model::Load(path);
+  auto model = Model::Load(path, {.check_tensors = a.model_options.check_tensors});
   if (!model) {
     std::fprintf(stderr, "error: %s\n", model.error().c_str());
     return 1;
@@ -240,6 +241,7 @@ struct ThroughputArgs {
   uint64_t seed = 42;
   bool json = false;
   EngineFlags engine;
+  kvserve::ModelOptions model_options;
 };
 
 int RunThroughput(ThroughputArgs a) {
@@ -247,7 +249,7 @@ int RunThroughput(ThroughputArgs a) {
   if (!ResolveModelPath(path)) return 1;
   if (!ResolveKvMemory(&a.engine)) return 1;
   std::string error;
-  auto model = kvserve::Model::Load(path, &error);
+  auto model = kvserve::Model::Load(path, a.model_options, &error);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", error.c_str());
     return 1;
@@ -353,6 +355,7 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
   CLI::App* memory = bench->add_subcommand(
       "memory", "Paged vs contiguous KV: fragmentation, concurrency and throughput");
   memory->add_option("-m,--model", m->model, "GGUF model file");
+  AddModelFlags(memory, &m->model_options);
   memory->add_option("--requests", m->requests, "Requests in the workload")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -391,6 +394,7 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
   CLI::App* throughput =
       bench->add_subcommand("throughput", "Offline throughput: N requests at concurrency C");
   throughput->add_option("-m,--model", t->model, "GGUF model file");
+  AddModelFlags(throughput, &t->model_options);
   throughput->add_option("--requests", t->requests, "Requests")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));

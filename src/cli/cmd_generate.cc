@@ -21,6 +21,7 @@ struct GenerateArgs {
   bool no_bos = false;
   bool show_ids = false;
   EngineFlags engine;
+  kvserve::ModelOptions model_options;
   kvserve::GenerationOptions gen;
 };
 
@@ -35,7 +36,7 @@ int RunGenerate(GenerateArgs a) {
   if (!a.prompt_file.empty() && !ReadTextFile(a.prompt_file, &prompt)) return 1;
   if (!ResolveKvMemory(&a.engine)) return 1;
   std::string error;
-  std::shared_ptr<kvserve::Model> model = kvserve::Model::Load(model_path, &error);
+  std::shared_ptr<kvserve::Model> model = kvserve::Model::Load(model_path, a.model_options, &error);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", error.c_str());
     return 1;
@@ -170,6 +171,7 @@ Runner AddGenerateCommand(CLI::App& root) {
   cmd->add_flag("--no-bos", a->no_bos, "Do not add the BOS token to the prompt");
   cmd->add_flag("--show-ids", a->show_ids, "Print the generated token ids on stderr");
   AddEngineFlags(cmd, &a->engine, /*default_parallel=*/1);
+  AddModelFlags(cmd, &a->model_options);
   return [a] { return RunGenerate(*a); };
 }
 

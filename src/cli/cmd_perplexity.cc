@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/thread_pool.h"
 #include "engine/key_offsets.h"
 #include "engine/perplexity.h"
@@ -21,12 +22,14 @@ Runner AddPerplexityCommand(CLI::App& root) {
     std::string cache_type_k = "f32", cache_type_v = "f32";
     bool kl_base = false;
     std::string kl_base_type = "f32";
+    kvserve::ModelOptions model_options;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = root.add_subcommand(
       "perplexity", "Chunked perplexity of a text, as llama-perplexity computes it");
   cmd->add_option("-m,--model", a->model, "GGUF model file");
   cmd->add_option("-f,--file", a->file, "Text file")->required();
+  AddModelFlags(cmd, &a->model_options);
   cmd->add_option("-c,--ctx-size", a->n_ctx, "Tokens per chunk")
       ->capture_default_str()
       ->check(CLI::Range(4, 1 << 20));
@@ -69,7 +72,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
     if (!ResolveModelPath(path)) return 1;
     std::string text;
     if (!ReadTextFile(a->file, &text)) return 1;
-    auto model = Model::Load(path);
+    auto model = Model::Load(path, {.check_tensors = a->model_options.check_tensors});
     if (!model) {
       std::fprintf(stderr, "error: %s\n", model.error().c_str());
       return 1;

@@ -44,6 +44,12 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
       ->check(CLI::Range(1, 1024));
 }
 
+void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options) {
+  cmd->add_flag("--check-tensors", options->check_tensors,
+                "Check every weight for NaN and infinity while loading (one more pass over the "
+                "file); refuse the model if one is found");
+}
+
 bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error) {
   size_t used = 0;
   double value = 0;

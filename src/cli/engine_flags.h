@@ -19,6 +19,9 @@ struct EngineFlags {
 // Registers the flags on cmd; default_parallel is -np's default for this command.
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, int32_t default_parallel);
 
+// --check-tensors, for every command that loads a model to run it.
+void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options);
+
 // Turns --kv-memory into bytes (0 when unset); false, with the error on stderr, when it does
 // not parse.
 bool ResolveKvMemory(EngineFlags* flags);

@@ -206,11 +206,56 @@ Status ReadArray(Cursor& c, Value* out, const std::string& key, int depth) {
   return Status::Ok();
 }
 
+// "[64, 512]": GGML order, as the file stores it.
+std::string DimsString(const std::vector<uint64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
 Status ReadValue(Cursor& c, ValueType type, Value* out, const std::string& key, int depth) {
   out->type = type;
   if (type == ValueType::kString) return c.ReadString(&out->str, "string value");
   if (type == ValueType::kArray) return ReadArray(c, out, key, depth);
   return ReadScalar(c, type, &out->i, &out->f, key);
+}
+
+// "'name' (f32 [64, 512], 131072 bytes at data offset 0)": what decided a tensor's place and size.
+std::string Describe(const TensorInfo& t) {
+  return StrFormat("'%s' (%s %s, %llu bytes at data offset %llu)", t.name.c_str(),
+                   std::string(DTypeName(t.type)).c_str(), DimsString(t.dims).c_str(),
+                   static_cast<unsigned long long>(t.n_bytes),
+                   static_cast<unsigned long long>(t.offset));
+}
+
+// Tensor k does not start at `expected`, the padded end of the tensor before it: name the
+// tensor it collides with, or say how far apart the two are.
+Status TensorLayoutError(const std::vector<TensorInfo>& tensors, size_t k, uint64_t expected,
+                         uint64_t alignment) {
+  const TensorInfo& t = tensors[k];
+  const auto exp = static_cast<unsigned long long>(expected);
+  if (k == 0) {
+    return Status::Error(
+        StrFormat("corrupt file: the first tensor %s should start at data offset 0 "
+                  "(tensors must be contiguous in file order)",
+                  Describe(t).c_str()));
+  }
+  if (t.offset < expected) {
+    for (size_t j = 0; j < k; ++j) {
+      const TensorInfo& o = tensors[j];
+      if (t.offset < o.offset + o.n_bytes && o.offset < t.offset + t.n_bytes) {
+        return Status::Error(StrFormat("corrupt file: tensor %s overlaps tensor %s",
+                                       Describe(t).c_str(), Describe(o).c_str()));
+      }
+    }
+  }
+  // A gap, or a start inside the previous tensor's padding: one of the two tensors has the
+  // wrong type, shape or offset (a smaller type leaves part of its slot unread).
+  return Status::Error(StrFormat(
+      "corrupt file: tensor %s should start at data offset %llu, the end of the tensor before "
+      "it, %s, rounded up to the alignment of %llu; a type, shape or offset is wrong",
+      Describe(t).c_str(), exp, Describe(tensors[k - 1]).c_str(),
+      static_cast<unsigned long long>(alignment)));
 }
 
 }  // namespace
@@ -397,8 +442,13 @@ Status File::Parse() {
   if (data_offset_ > size_ && !tensors_.empty()) {
     return Status::Error("truncated file: the tensor data section is missing");
   }
-  for (TensorInfo& t : tensors_) {
-    uint64_t avail = size_ > data_offset_ ? size_ - data_offset_ : 0;
+  const uint64_t avail = size_ > data_offset_ ? size_ - data_offset_ : 0;
+  // llama.cpp's rule: in file order, each tensor starts exactly where the previous one's data,
+  // padded to the alignment, ends. Without it two tensors could share bytes, or a tensor whose
+  // type or shape was changed to a smaller one would silently read only part of its slot.
+  uint64_t expected = 0;
+  for (size_t k = 0; k < tensors_.size(); ++k) {
+    TensorInfo& t = tensors_[k];
     if (t.offset > avail || t.n_bytes > avail - t.offset) {
       return Status::Error(
           StrFormat("truncated file: tensor '%s' (%llu bytes at data offset %llu) "
@@ -406,7 +456,20 @@ Status File::Parse() {
                     t.name.c_str(), static_cast<unsigned long long>(t.n_bytes),
                     static_cast<unsigned long long>(t.offset), size_));
     }
+    if (t.offset != expected) return TensorLayoutError(tensors_, k, expected, alignment_);
+    // Bounded by the file size (checked above), so the running total cannot overflow.
+    expected += (t.n_bytes + alignment_ - 1) / alignment_ * alignment_;
     t.data = base_ + data_offset_ + t.offset;
+  }
+  // The last tensor has no successor whose offset would expose a too-small type or shape, so
+  // the file's end stands in for it: a whole alignment unit or more of data that no tensor
+  // claims means the tensor table and the data disagree. (Writers pad the last tensor or stop
+  // right after it; both end within one alignment unit of `expected`.)
+  if (!tensors_.empty() && avail > expected && avail - expected >= alignment_) {
+    return Status::Error(StrFormat(
+        "corrupt file: %llu bytes of tensor data after the last tensor %s belong to no tensor: "
+        "its type or shape is smaller than the data written for it, or bytes were appended",
+        static_cast<unsigned long long>(avail - expected), Describe(tensors_.back()).c_str()));
   }
   return Status::Ok();
 }

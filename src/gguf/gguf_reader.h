@@ -1,6 +1,9 @@
 // Reads GGUF v2/v3 files through mmap. Every count, length, offset and size is checked
 // against the file before use, so a corrupt file yields a one-line error, never a crash or
-// a huge allocation. GGUF v1 is rejected with a message that says so.
+// a huge allocation. GGUF v1 is rejected with a message that says so. Tensor data must be laid
+// out as llama.cpp requires: contiguous in file order, each tensor padded to the alignment, no
+// unclaimed data after the last one; so no two tensors share bytes and every size is the one
+// its type and shape give.
 #pragma once
 
 #include <cstddef>

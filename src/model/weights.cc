@@ -1,6 +1,9 @@
 #include "model/weights.h"
 
+#include <algorithm>
+
 #include "kernels/repack.h"
+#include "model/check_tensors.h"
 #include "tensor/quantize.h"
 
 namespace kvs {
@@ -12,9 +15,11 @@ std::string ShapeString(const std::vector<uint64_t>& dims) {
   return s + "]";
 }
 
+// Looks the model's tensors up by name, checks their shapes and types, and remembers which
+// ones were taken, so that tensors the model never reads can be refused (FirstUnused).
 class TensorLoader {
  public:
-  explicit TensorLoader(gguf::File& f) : f_(f) {}
+  explicit TensorLoader(gguf::File& f) : f_(f), used_(f.tensors().size(), false) {}
 
   Expected<const gguf::TensorInfo*> Find(const std::string& name, std::vector<uint64_t> dims,
                                          bool required = true) {
@@ -23,6 +28,7 @@ class TensorLoader {
       if (!required) return static_cast<const gguf::TensorInfo*>(nullptr);
       return Status::Error(StrFormat("missing tensor '%s'", name.c_str()));
     }
+    used_[t - f_.tensors().data()] = true;
     if (t->dims != dims) {
       return Status::Error(StrFormat("tensor '%s' has shape %s, expected %s", name.c_str(),
                                      ShapeString(t->dims).c_str(), ShapeString(dims).c_str()));
@@ -34,6 +40,17 @@ class TensorLoader {
     }
     return t;
   }
+
+  // The first tensor in file order that no Find took, or null. llama.cpp refuses such files
+  // too ("wrong number of tensors"): a tensor nobody reads means the metadata describes a
+  // different model than the weights (a lowered block_count drops whole layers silently).
+  const gguf::TensorInfo* FirstUnused() const {
+    for (size_t k = 0; k < used_.size(); ++k) {
+      if (!used_[k]) return &f_.tensors()[k];
+    }
+    return nullptr;
+  }
+  size_t n_used() const { return std::count(used_.begin(), used_.end(), true); }
 
   // A [rows][cols] matrix (GGUF dims {cols, rows}).
   Status Matrix(const std::string& name, int64_t rows, int64_t cols, MatrixView* out,
@@ -67,23 +84,29 @@ class TensorLoader {
 
  private:
   gguf::File& f_;
+  std::vector<bool> used_;  // by index in f_.tensors()
 };
 
 }  // namespace
 
-Expected<std::unique_ptr<Model>> Model::Load(const std::string& path, gguf::LoadMode mode) {
-  KVS_ASSIGN_OR_RETURN(auto file, gguf::File::Open(path, mode));
-  auto model = FromFile(std::move(file));
+Expected<std::unique_ptr<Model>> Model::Load(const std::string& path,
+                                             const ModelLoadOptions& options) {
+  KVS_ASSIGN_OR_RETURN(auto file, gguf::File::Open(path, options.mode));
+  auto model = FromFile(std::move(file), options);
   if (!model.ok() && model.error().find(path) == std::string::npos) {
     return Status::Error(path + ": " + model.error());
   }
   return model;
 }
 
-Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> file) {
+Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> file,
+                                                 const ModelLoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = std::move(file);
   KVS_ASSIGN_OR_RETURN(m->config_, ReadModelConfig(*m->file_));
+  // Before the weights load: loading repacks matrices in place, and the check reports
+  // indices in the file's layout.
+  if (options.check_tensors) KVS_RETURN_IF_ERROR(CheckTensorValues(*m->file_));
   const ModelConfig& c = m->config_;
   ModelWeights& w = m->weights_;
   TensorLoader load(*m->file_);
@@ -114,6 +137,13 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd, &L.w_gate));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_up.weight", c.n_ff, c.n_embd, &L.w_up));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_down.weight", c.n_embd, c.n_ff, &L.w_down));
+  }
+  if (const gguf::TensorInfo* unused = load.FirstUnused()) {
+    return Status::Error(
+        StrFormat("tensor '%s' is not used by the model: the file has %zu tensors, a %s with "
+                  "%s.block_count = %d uses %zu (the metadata and the tensors disagree)",
+                  unused->name.c_str(), m->file_->tensors().size(), c.arch_name.c_str(),
+                  c.arch_name.c_str(), c.n_layer, load.n_used()));
   }
   return m;
 }

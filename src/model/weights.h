@@ -35,14 +35,24 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-// A loaded model: the mapped file, its config and weight views.
-class Model {
- public:
+struct ModelLoadOptions {
   // Reading into huge-page memory is the default: decode then streams the weights at up to
   // twice the speed of a file mapping's 4 KiB pages (F16 llama-1b: 18.6 vs 9.7-11.8 t/s).
+  gguf::LoadMode mode = gguf::LoadMode::kRead;
+  // Refuse a model with a NaN or infinity in any weight (CheckTensorValues). Off by default,
+  // as in llama.cpp: it reads the whole file once more.
+  bool check_tensors = false;
+};
+
+// A loaded model: the mapped file, its config and weight views. Loading refuses a file whose
+// tensors the model does not all use (say, block_count lowered below the layers present).
+class Model {
+ public:
   static Expected<std::unique_ptr<Model>> Load(const std::string& path,
-                                               gguf::LoadMode mode = gguf::LoadMode::kRead);
-  static Expected<std::unique_ptr<Model>> FromFile(std::unique_ptr<gguf::File> file);
+                                               const ModelLoadOptions& options = {});
+  // options.mode does not apply (the file is open already).
+  static Expected<std::unique_ptr<Model>> FromFile(std::unique_ptr<gguf::File> file,
+                                                   const ModelLoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
