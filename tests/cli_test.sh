@@ -37,8 +37,9 @@ S="$MODELS/stories260K.gguf"
 expect_error "GGUF v1" "GGUF version 1 is not supported" "$BIN" generate -m "$MODELS/legacy-gguf-v1/tinyllamas-stories-260k-f32.gguf"
 head -c 20000 "$S" >"$TMP/truncated.gguf"
 expect_error "truncated model" "truncated file" "$BIN" generate -m "$TMP/truncated.gguf"
-expect_error "negative temperature" "temperature" "$BIN" generate -m "$S" --temp -1 -n 4
-expect_error "perplexity on too little text" "needs at least" "$BIN" perplexity -m "$S" -f /dev/null -c 64
+expect_error "negative temperature" "temp" "$BIN" generate -m "$S" --temp -1 -n 4
+: >"$TMP/empty.txt"
+expect_error "perplexity on too little text" "needs at least" "$BIN" perplexity -m "$S" -f "$TMP/empty.txt" -c 64
 expect_error "vocab-only model cannot generate" "missing tensor" "$BIN" generate -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf"
 
 # --check-tensors: a NaN written into a copy of the model is refused, by tensor and element, by
@@ -48,7 +49,7 @@ cp "$S" "$TMP/nan.gguf" && chmod u+w "$TMP/nan.gguf"
 printf '\x00\x00\xc0\x7f' | dd of="$TMP/nan.gguf" bs=1 seek=$((14176 + 4 * 100)) conv=notrunc status=none
 NAN_MSG="tensor 'token_embd.weight' (f32 \[64, 512\]) has a NaN at element 100 (row 1, column 36)"
 expect_error "--check-tensors: generate" "$NAN_MSG" "$BIN" generate -m "$TMP/nan.gguf" -n 4 -t 2 --check-tensors
-expect_error "--check-tensors: perplexity" "$NAN_MSG" "$BIN" perplexity -m "$TMP/nan.gguf" -f /dev/null --check-tensors
+expect_error "--check-tensors: perplexity" "$NAN_MSG" "$BIN" perplexity -m "$TMP/nan.gguf" -f "$TMP/empty.txt" --check-tensors
 expect_error "--check-tensors: bench speed" "$NAN_MSG" "$BIN" bench speed -m "$TMP/nan.gguf" -p 8 -n 4 -r 1 --check-tensors
 expect_error "--check-tensors: bench memory" "$NAN_MSG" "$BIN" bench memory -m "$TMP/nan.gguf" --requests 2 --check-tensors
 expect_error "--check-tensors: bench throughput" "$NAN_MSG" "$BIN" bench throughput -m "$TMP/nan.gguf" --requests 2 --check-tensors
@@ -83,6 +84,71 @@ echo "$out" | grep -q "63 tokens.*finish: length" && pass "-c ends generation at
   grep -q '"output_tps"' "$TMP/tp" && grep -q '"output_tokens":30' "$TMP/tp" && pass "bench throughput --json" ||
   fail "bench throughput: $(head -c 300 "$TMP/tp")"
 
+# Hostile input (issue #16). -f takes a regular file of at most 64 MiB: a device, a FIFO or a
+# directory is an error, never an endless read, a blocked open or an empty prompt.
+mkdir -p "$TMP/dir"
+mkfifo "$TMP/fifo"
+truncate -s $((64 * 1024 * 1024 + 1)) "$TMP/big.txt"  # sparse: costs no disk
+expect_error "tokenize -f /dev/zero" "'/dev/zero' is a character device, not a regular file" \
+  timeout 20 "$BIN" tokenize -m "$S" -f /dev/zero
+expect_error "tokenize -f FIFO" "is a FIFO (pipe), not a regular file" \
+  timeout 20 "$BIN" tokenize -m "$S" -f "$TMP/fifo"
+expect_error "tokenize -f over 64 MiB" "more than the 64.0 MiB limit on input files" \
+  timeout 20 "$BIN" tokenize -m "$S" -f "$TMP/big.txt"
+expect_error "generate -f DIRECTORY" "is a directory, not a regular file" \
+  timeout 20 "$BIN" generate -m "$S" -n 4 -f "$TMP/dir"
+expect_error "perplexity -f DIRECTORY" "is a directory, not a regular file" \
+  timeout 20 "$BIN" perplexity -m "$S" -f "$TMP/dir"
+expect_error "generate -f missing file" "cannot read '$TMP/nope.txt': No such file" \
+  "$BIN" generate -m "$S" -n 4 -f "$TMP/nope.txt"
+"$BIN" generate --help | grep -q "at most 64 MiB" && pass "generate --help states the -f limit" ||
+  fail "generate --help does not state the -f limit"
+
+# Sampling flags out of their range fail before the model loads, naming the flag.
+expect_error "--top-k -5" "--top-k: Value -5 not in range 0" "$BIN" generate -m "$S" -n 4 --top-k -5
+expect_error "--top-p 1.5" "--top-p: 1.5 is not in \[0, 1\]" "$BIN" generate -m "$S" -n 4 --top-p 1.5
+expect_error "--min-p -0.1" "--min-p: -0.1 is not in \[0, 1\]" "$BIN" generate -m "$S" -n 4 --min-p -0.1
+expect_error "--temp nan" "--temp: nan is not in \[0, 100\]" "$BIN" generate -m "$S" -n 4 --temp nan
+expect_error "--repeat-penalty 0" "--repeat-penalty: 0 is not in (0, 100\]" \
+  "$BIN" generate -m "$S" -n 4 --repeat-penalty 0
+expect_error "--presence-penalty 101" "--presence-penalty: 101 is not in" \
+  "$BIN" generate -m "$S" -n 4 --presence-penalty 101
+expect_error "--repeat-last-n -2" "--repeat-last-n: Value -2 not in range -1" \
+  "$BIN" generate -m "$S" -n 4 --repeat-last-n -2
+expect_error "--seed -7" "--seed: Value -7 not in range -1" "$BIN" generate -m "$S" -n 4 -s -7
+expect_error "-n -2" "--n-predict: Value -2 not in range -1" "$BIN" generate -m "$S" -n -2
+
+# -t beyond the CPUs is clamped with a warning (a spinning pool oversubscribed crawls).
+if [ "$(nproc)" -lt 1000 ]; then
+  out=$(timeout 60 "$BIN" generate -m "$S" -n 8 --temp 0 -t 1000 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ] && echo "$out" | grep -q "\[warn\] -t 1000 is more than the [0-9]* CPU threads" &&
+    echo "$out" | grep -q "finish: length"; then pass "-t 1000 clamped with a warning"
+  else fail "-t 1000 (exit $rc): $(echo "$out" | head -3)"; fi
+fi
+
+# -np is capped (1024); a KV cache that cannot be allocated is an error, not std::bad_alloc.
+expect_error "serve -np 65536" "--parallel: Value 65536 not in range 1 to 1024" \
+  "$BIN" serve -m "$S" -np 65536
+expect_error "bench throughput --concurrency 65536" "not in range 1 to 1024" \
+  "$BIN" bench throughput -m "$S" --concurrency 65536
+# A memory limit makes the allocation fail deterministically: ulimit -v, or under ASan (whose
+# shadow memory needs more address space than any such limit) its own allocation cap.
+if grep -qa __asan_init "$BIN"; then
+  limit() { ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1:max_allocation_size_mb=512" "$@"; }
+else
+  limit() { (ulimit -v 600000 && "$@"); }
+fi
+if [ "$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)" -gt 2000000 ]; then
+  out=$(limit "$BIN" generate -m "$S" -n 4 -t 2 2>&1 >/dev/null) && pass "generate runs under the memory limit" ||
+    fail "generate under the memory limit: $(echo "$out" | tail -2)"
+  expect_error "KV cache over a memory limit" "cannot allocate the KV cache (1.00 GiB): lower --kv-memory or -np" \
+    limit "$BIN" generate -m "$S" -n 4 -t 2 --kv-memory 1G
+  expect_error "out of memory outside the engine" "error: out of memory" \
+    limit "$BIN" bench speed -m "$S" -d 1000000 -p 0 -n 1 -r 1 -t 2
+else
+  echo "skipping the memory-limit checks: less than 2 GB of RAM available"
+fi
+
 # tokenize
 out=$("$BIN" tokenize -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf" -p "Hello world" --no-bos)
 [ "$out" = "15043 3186" ] && pass "tokenize --no-bos" || fail "tokenize --no-bos gave '$out'"
@@ -97,7 +163,7 @@ out=$("$BIN" tokenize -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf" -p "Hell
 
 # KV cache types: a bad name and a head size a type cannot hold are clear errors.
 expect_error "bad --cache-type-k" "valid: f32, f16" "$BIN" generate -m "$S" -p hi -n 2 -ctk q5_9
-expect_error "bad -ctv in perplexity" "unknown KV cache type" "$BIN" perplexity -m "$S" -f /dev/null -ctv nope
+expect_error "bad -ctv in perplexity" "unknown KV cache type" "$BIN" perplexity -m "$S" -f "$TMP/empty.txt" -ctv nope
 out=$("$BIN" generate -m "$S" -p "Once upon a time" -n 24 --temp 0 -ctk q8_0 -ctv q8_0 2>/dev/null)
 ref=$("$BIN" generate -m "$S" -p "Once upon a time" -n 24 --temp 0 -ctk f32 -ctv f32 2>/dev/null)
 if [ -n "$out" ] && [ "$out" = "$ref" ]; then pass "generate -ctk q8_0 -ctv q8_0 keeps the greedy story";

@@ -1,10 +1,15 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "core/text_file.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
 #include "tensor/dtype.h"
@@ -55,6 +60,68 @@ TEST(ThreadPool, ManyConsecutiveJobs) {
     pool.ParallelFor(10, 1, [&](int, size_t b, size_t e) { sum += static_cast<long>(e - b); });
   }
   EXPECT_EQ(sum.load(), 20000);
+}
+
+TEST(ThreadPool, ResolveThreadCountClampsToTheCpus) {
+  const int cpus = ThreadPool::DefaultThreadCount();
+  EXPECT_GE(cpus, 1);
+  EXPECT_EQ(ThreadPool::ResolveThreadCount(0), cpus);
+  EXPECT_EQ(ThreadPool::ResolveThreadCount(1), 1);
+  EXPECT_EQ(ThreadPool::ResolveThreadCount(cpus), cpus);
+  EXPECT_EQ(ThreadPool::ResolveThreadCount(cpus + 1000), cpus);  // with a warning on stderr
+}
+
+// A scratch directory for the file tests, removed at the end.
+class TextFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvs_text_file_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& content) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << content;
+    return path;
+  }
+  std::string dir_;
+};
+
+TEST_F(TextFileTest, ReadsARegularFileWhole) {
+  const std::string text("Once upon a time\n\0binary too", 29);
+  auto r = ReadTextFile(Write("story.txt", text), 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(*r, text);
+  auto empty = ReadTextFile(Write("empty.txt", ""), 1 << 20);
+  ASSERT_TRUE(empty.ok()) << empty.error();
+  EXPECT_EQ(*empty, "");
+}
+
+TEST_F(TextFileTest, EnforcesTheSizeLimit) {
+  const std::string path = Write("ten.txt", "0123456789");
+  EXPECT_TRUE(ReadTextFile(path, 10).ok());
+  auto r = ReadTextFile(path, 9);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("more than the 9 bytes limit"), std::string::npos) << r.error();
+}
+
+TEST_F(TextFileTest, RefusesWhatIsNotARegularFile) {
+  auto dir = ReadTextFile(dir_, 1 << 20);
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.error().find("is a directory"), std::string::npos) << dir.error();
+  // /dev/zero never ends; a FIFO without a writer would block the open itself.
+  auto dev = ReadTextFile("/dev/zero", 1 << 20);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_NE(dev.error().find("character device"), std::string::npos) << dev.error();
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto pipe = ReadTextFile(fifo, 1 << 20);
+  ASSERT_FALSE(pipe.ok());
+  EXPECT_NE(pipe.error().find("FIFO"), std::string::npos) << pipe.error();
+  auto missing = ReadTextFile(dir_ + "/nope.txt", 1 << 20);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().find("cannot read"), std::string::npos) << missing.error();
 }
 
 TEST(DType, InfoTable) {

@@ -59,12 +59,13 @@ class Model {
 
 struct EngineOptions {
   int32_t n_ctx = 4096;            // -c: most tokens (prompt + output) of one sequence
-  int32_t n_parallel = 4;          // -np: sequences decoded together
+  int32_t n_parallel = 4;          // -np: sequences decoded together (at most 1024)
   int32_t max_batch_tokens = 512;  // tokens computed per step (prefill chunks + decodes)
   int32_t block_size = 16;         // positions per KV block (a multiple of 16)
   // KV cache memory; 0: room for n_parallel full contexts, at most half the available RAM.
   int64_t kv_memory_bytes = 0;
-  int32_t threads = 0;  // 0: one per core
+  // 0: one per CPU this process may use; more than that are clamped to it, with a warning.
+  int32_t threads = 0;
   // Baseline for `kvserve bench memory`: reserve n_ctx positions per sequence on admission,
   // as a contiguous cache does, instead of growing block by block.
   bool reserve_full_context = false;

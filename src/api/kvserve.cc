@@ -5,10 +5,12 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <new>
 
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
+#include "engine/engine.h"
 #include "engine/key_offsets.h"
 #include "engine/model_runner.h"
 #include "tokenizer/tokenizer.h"
@@ -167,6 +169,12 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
     *error = "-c must be at least 2, -np at least 1 and -t not negative";
     return nullptr;
   }
+  // Before the default KV size, which grows with -np, turns an absurd -np into a memory error.
+  if (options.n_parallel > kvs::kMaxParallelSequences) {
+    *error = kvs::StrFormat("-np %d: must be between 1 and %d", options.n_parallel,
+                            kvs::kMaxParallelSequences);
+    return nullptr;
+  }
   auto impl = std::make_unique<Impl>();
   impl->model = model;
   impl->options = options;
@@ -206,19 +214,27 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
     *error = st.message();
     return nullptr;
   }
-  impl->pool = std::make_unique<kvs::ThreadPool>(
-      o.threads > 0 ? o.threads : kvs::ThreadPool::DefaultThreadCount());
-  kvs::KeyCoding key_coding;
-  if (kvs::KvTypeIsQuantized(geometry.k_type)) {
-    key_coding =
-        kvs::MeasureKeyCoding(*model->impl().model, *impl->pool,
-                              kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab),
-                              geometry.k_type, o.n_ctx);
+  o.threads = kvs::ThreadPool::ResolveThreadCount(o.threads);
+  impl->pool = std::make_unique<kvs::ThreadPool>(o.threads);
+  // The KV cache is allocated here, all at once: under a memory limit (ulimit -v, a container)
+  // that can fail even below the available RAM, which is a bad option, not a crash.
+  try {
+    kvs::KeyCoding key_coding;
+    if (kvs::KvTypeIsQuantized(geometry.k_type)) {
+      key_coding = kvs::MeasureKeyCoding(
+          *model->impl().model, *impl->pool,
+          kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab), geometry.k_type,
+          o.n_ctx);
+    }
+    auto runner = std::make_unique<kvs::ModelRunner>(
+        *model->impl().model, *impl->pool, ec.block_size, ec.n_blocks,
+        kvs::KvTypes{geometry.k_type, geometry.v_type}, std::move(key_coding));
+    impl->engine = std::make_unique<kvs::AsyncEngine>(ec, std::move(runner));
+  } catch (const std::bad_alloc&) {
+    *error = kvs::StrFormat("cannot allocate the KV cache (%.2f GiB): lower --kv-memory or -np",
+                            o.kv_memory_bytes / double(1 << 30));
+    return nullptr;
   }
-  auto runner = std::make_unique<kvs::ModelRunner>(
-      *model->impl().model, *impl->pool, ec.block_size, ec.n_blocks,
-      kvs::KvTypes{geometry.k_type, geometry.v_type}, std::move(key_coding));
-  impl->engine = std::make_unique<kvs::AsyncEngine>(ec, std::move(runner));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

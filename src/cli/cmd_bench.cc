@@ -77,7 +77,8 @@ int RunSpeed(const SpeedArgs& a) {
     std::fprintf(stderr, "error: %s\n", st.message().c_str());
     return 1;
   }
-  ThreadPool pool(a.threads);
+  const int32_t threads = ThreadPool::ResolveThreadCount(a.threads);
+  ThreadPool pool(threads);
   KeyCoding key_coding;
   const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
   if (KvTypeIsQuantized(types.k)) {
@@ -141,7 +142,7 @@ int RunSpeed(const SpeedArgs& a) {
   const double bytes = weight_bytes + kv_bytes;
   if (a.json) {
     nlohmann::json j = {{"model", path},
-                        {"n_threads", a.threads},
+                        {"n_threads", threads},
                         {"reps", a.reps},
                         {"depth", a.depth},
                         {"cache_type_k", a.cache_type_k},
@@ -160,12 +161,12 @@ int RunSpeed(const SpeedArgs& a) {
     const std::string at = a.depth > 0 ? " @ d" + std::to_string(a.depth) : "";
     std::printf("| model | threads | K/V | test | t/s |\n|---|---|---|---|---|\n");
     if (a.n_prompt > 0) {
-      std::printf("| %s | %d | %s/%s | pp%d%s | %.2f ± %.2f |\n", c.name.c_str(), a.threads,
+      std::printf("| %s | %d | %s/%s | pp%d%s | %.2f ± %.2f |\n", c.name.c_str(), threads,
                   a.cache_type_k.c_str(), a.cache_type_v.c_str(), a.n_prompt, at.c_str(), p.mean,
                   p.stddev);
     }
     if (a.n_gen > 0) {
-      std::printf("| %s | %d | %s/%s | tg%d%s | %.2f ± %.2f |\n", c.name.c_str(), a.threads,
+      std::printf("| %s | %d | %s/%s | tg%d%s | %.2f ± %.2f |\n", c.name.c_str(), threads,
                   a.cache_type_k.c_str(), a.cache_type_v.c_str(), a.n_gen, at.c_str(), g.mean,
                   g.stddev);
       std::printf("decode reads %.3f GB per token (weights %.3f, K/V %.3f): %.1f GB/s\n",
@@ -177,7 +178,8 @@ int RunSpeed(const SpeedArgs& a) {
 
 // Read bandwidth: every thread sums its share of a buffer far larger than the caches, the
 // same access pattern as decode streaming the weights. Best of several passes.
-int RunBandwidth(int32_t threads, int32_t size_mib, bool json) {
+int RunBandwidth(int32_t requested_threads, int32_t size_mib, bool json) {
+  const int32_t threads = ThreadPool::ResolveThreadCount(requested_threads);
   const size_t n = static_cast<size_t>(size_mib) << 18;  // floats
   AlignedPtr<float> buf = AllocateAligned<float>(n);
   ThreadPool pool(threads);
@@ -227,7 +229,7 @@ Runner AddBenchCommand(CLI::App& root) {
   speed->add_option("-n,--n-gen", a->n_gen, "Tokens for the decode test (0: skip)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  speed->add_option("-t,--threads", a->threads, "Threads")
+  speed->add_option("-t,--threads", a->threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   speed->add_option("-r,--repetitions", a->reps, "Repetitions of each test")
@@ -251,7 +253,7 @@ Runner AddBenchCommand(CLI::App& root) {
   auto bw = std::make_shared<BandwidthArgs>();
   CLI::App* bandwidth =
       bench->add_subcommand("bandwidth", "Memory read bandwidth (the decode roofline)");
-  bandwidth->add_option("-t,--threads", bw->threads, "Threads")
+  bandwidth->add_option("-t,--threads", bw->threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   bandwidth->add_option("--size-mib", bw->size_mib, "Buffer size in MiB")

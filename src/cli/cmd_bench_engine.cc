@@ -172,7 +172,7 @@ int RunMemory(const MemoryArgs& a) {
     sum_p += static_cast<int64_t>(j.prompt.size());
     sum_o += j.max_tokens;
   }
-  ThreadPool pool(a.threads);
+  ThreadPool pool(ThreadPool::ResolveThreadCount(a.threads));
   nlohmann::json out;
   out["workload"] = {{"requests", a.requests},
                      {"n_ctx", a.n_ctx},
@@ -325,7 +325,7 @@ int RunThroughput(ThroughputArgs a) {
                       {"prompt_tokens", a.prompt_tokens},
                       {"gen_tokens", a.gen_tokens},
                       {"max_batch_tokens", eo.max_batch_tokens},
-                      {"threads", eo.threads},
+                      {"threads", engine->options().threads},
                       {"wall_s", wall},
                       {"output_tokens", n_out},
                       {"output_tps", n_out / wall},
@@ -367,7 +367,7 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
       ->check(CLI::Range(1.0, 1e6));
   memory->add_option("--parallel", m->max_seqs, "Most sequences running at once (also -np)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+      ->check(CLI::Range(1, kMaxParallelSequences));
   memory->add_option("--max-batch-tokens", m->max_batch_tokens, "Tokens per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
@@ -384,7 +384,7 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 4.0));
   memory->add_option("-s,--seed", m->seed, "Workload seed")->capture_default_str();
-  memory->add_option("-t,--threads", m->threads, "Threads")
+  memory->add_option("-t,--threads", m->threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   memory->add_flag("--json", m->json, "Print one JSON object");
@@ -400,7 +400,7 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
       ->check(CLI::Range(1, 1000000));
   throughput->add_option("--concurrency", t->concurrency, "Requests running at once (-np)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+      ->check(CLI::Range(1, kMaxParallelSequences));
   throughput->add_option("--prompt-tokens", t->prompt_tokens, "Prompt length (random tokens)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <random>
 
@@ -148,25 +149,43 @@ Runner AddGenerateCommand(CLI::App& root) {
   cmd->add_option("-m,--model", a->model,
                   "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
   cmd->add_option("-p,--prompt", a->prompt, "Prompt text (empty: start from BOS)");
-  cmd->add_option("-f,--file", a->prompt_file, "Read the prompt from a file");
+  cmd->add_option("-f,--file", a->prompt_file,
+                  std::string("Read the prompt from a file (") + kInputFileHelp + ")");
   cmd->add_option("-n,--n-predict", a->n_predict,
                   "Tokens to generate (-1: until EOS or full context)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 24));
-  cmd->add_option("--temp", a->gen.temperature, "Temperature (0: greedy)")->capture_default_str();
-  cmd->add_option("--top-k", a->gen.top_k, "Top-k (0: off)")->capture_default_str();
-  cmd->add_option("--top-p", a->gen.top_p, "Top-p (1: off)")->capture_default_str();
-  cmd->add_option("--min-p", a->gen.min_p, "Min-p (0: off)")->capture_default_str();
+  // The sampler's own bounds (SamplingParams::Validate), checked here too so that a bad value
+  // fails before the model loads and names the flag; top-k and the seed have no "negative"
+  // meaning there, so -5 would silently mean "off" or "random".
+  cmd->add_option("--temp", a->gen.temperature, "Temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(RealRange(0, 100));
+  cmd->add_option("--top-k", a->gen.top_k, "Top-k (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, std::numeric_limits<int32_t>::max()));
+  cmd->add_option("--top-p", a->gen.top_p, "Top-p (1: off)")
+      ->capture_default_str()
+      ->check(RealRange(0, 1));
+  cmd->add_option("--min-p", a->gen.min_p, "Min-p (0: off)")
+      ->capture_default_str()
+      ->check(RealRange(0, 1));
   cmd->add_option("--repeat-penalty", a->gen.repeat_penalty, "Repetition penalty (1: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(RealRange(0, 100, /*lo_open=*/true));
   cmd->add_option("--repeat-last-n", a->gen.repeat_last_n,
                   "Tokens the penalties look back over (-1: all)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(-1, std::numeric_limits<int32_t>::max()));
   cmd->add_option("--frequency-penalty", a->gen.frequency_penalty, "Frequency penalty")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(RealRange(-100, 100));
   cmd->add_option("--presence-penalty", a->gen.presence_penalty, "Presence penalty")
-      ->capture_default_str();
-  cmd->add_option("-s,--seed", a->seed, "Random seed (-1: random)")->capture_default_str();
+      ->capture_default_str()
+      ->check(RealRange(-100, 100));
+  cmd->add_option("-s,--seed", a->seed, "Random seed (-1: random)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
   cmd->add_flag("--ignore-eos", a->gen.ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_flag("--no-bos", a->no_bos, "Do not add the BOS token to the prompt");
   cmd->add_flag("--show-ids", a->show_ids, "Print the generated token ids on stderr");

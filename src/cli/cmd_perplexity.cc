@@ -28,12 +28,13 @@ Runner AddPerplexityCommand(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand(
       "perplexity", "Chunked perplexity of a text, as llama-perplexity computes it");
   cmd->add_option("-m,--model", a->model, "GGUF model file");
-  cmd->add_option("-f,--file", a->file, "Text file")->required();
+  cmd->add_option("-f,--file", a->file, std::string("Text file (") + kInputFileHelp + ")")
+      ->required();
   AddModelFlags(cmd, &a->model_options);
   cmd->add_option("-c,--ctx-size", a->n_ctx, "Tokens per chunk")
       ->capture_default_str()
       ->check(CLI::Range(4, 1 << 20));
-  cmd->add_option("-t,--threads", a->threads, "Threads")
+  cmd->add_option("-t,--threads", a->threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--chunks", a->max_chunks, "Score at most this many chunks (-1: all)")
@@ -87,7 +88,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
         static_cast<int64_t>(ids.size()) > static_cast<int64_t>(a->max_chunks) * a->n_ctx) {
       ids.resize(static_cast<size_t>(a->max_chunks) * a->n_ctx);
     }
-    ThreadPool pool(a->threads);
+    ThreadPool pool(ThreadPool::ResolveThreadCount(a->threads));
     const int32_t bos = (*tok)->add_bos() ? (*tok)->bos_id() : -1;
     options.n_ctx = a->n_ctx;
     options.bos_id = bos;

@@ -16,7 +16,8 @@ Runner AddTokenizeCommand(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand("tokenize", "Print the token ids of a text");
   cmd->add_option("-m,--model", a->model, "GGUF model (or vocab-only) file");
   auto* p = cmd->add_option("-p,--prompt", a->text, "Text to tokenize");
-  auto* f = cmd->add_option("-f,--file", a->file, "Read the text from a file");
+  auto* f = cmd->add_option("-f,--file", a->file,
+                            std::string("Read the text from a file (") + kInputFileHelp + ")");
   p->excludes(f);
   cmd->add_flag("--no-bos", a->no_bos, "Leave out the BOS token the model would add");
   cmd->add_flag("--parse-special", a->parse_special,

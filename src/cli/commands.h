@@ -2,6 +2,7 @@
 // user chose it. Runners return the process exit code.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -28,7 +29,19 @@ std::string DefaultModelPath();
 // Resolves -m (or the default) and prints a helpful error when there is none.
 bool ResolveModelPath(std::string& path);
 
-// Reads a whole file; false (with a message on stderr) on failure.
+// What -f may read (a prompt, a text to tokenize or score): a regular file of at most this
+// many bytes. 64 MiB is some 16M tokens, far past any context or perplexity run on a CPU
+// (wikitext-2's test set is 1.3 MB); the cap keeps a mistyped path (a disk image) from
+// exhausting memory.
+inline constexpr int64_t kMaxInputFileBytes = int64_t{64} << 20;
+inline constexpr const char* kInputFileHelp = "a regular file of at most 64 MiB";
+
+// -t's help; the count goes through ThreadPool::ResolveThreadCount, which clamps it.
+inline constexpr const char* kThreadsHelp =
+    "Threads (more than the CPU threads this process may use are clamped, with a warning)";
+
+// Reads a -f file under kMaxInputFileBytes (kvs::ReadTextFile); false, with a one-line
+// "error: ..." on stderr, for anything else (a directory, a device, a FIFO, a bigger file).
 bool ReadTextFile(const std::string& path, std::string* out);
 
 }  // namespace kvs::cli

@@ -3,11 +3,23 @@
 #include <cmath>
 #include <cstdio>
 
+#include "cli/commands.h"
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
+#include "engine/engine.h"
 #include "kernels/kv_types.h"
 
 namespace kvs::cli {
+namespace {
+
+// 0.5, 100, 1e-06: the shortest form, for messages and --help.
+std::string FormatReal(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+}  // namespace
 
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   kvserve::EngineOptions& o = f->options;
@@ -20,7 +32,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   cmd->add_option("--parallel", o.n_parallel,
                   "Sequences decoded together (continuous batching); also -np")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+      ->check(CLI::Range(1, kMaxParallelSequences));
   cmd->add_option("--kv-memory", f->kv_memory,
                   "KV cache size: bytes (512M, 4G, 2GiB) or a share of the available RAM (25%); "
                   "default: -np full contexts, at most half the available RAM");
@@ -39,9 +51,22 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
       ->capture_default_str();
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
-  cmd->add_option("-t,--threads", o.threads, "Threads")
+  cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+}
+
+CLI::Validator RealRange(double lo, double hi, bool lo_open) {
+  const std::string range = (lo_open ? "(" : "[") + FormatReal(lo) + ", " + FormatReal(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& input) -> std::string {
+        double v = 0;
+        const bool parsed = CLI::detail::lexical_cast(input, v);
+        // NaN compares false with everything, so test for being inside, not outside.
+        if (parsed && (lo_open ? v > lo : v >= lo) && v <= hi) return "";
+        return input + " is not in " + range;
+      },
+      "in " + range);
 }
 
 void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options) {

@@ -22,6 +22,10 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, int32_t default_parallel)
 // --check-tensors, for every command that loads a model to run it.
 void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options);
 
+// A CLI11 check for a real-valued flag: NaN and values outside [lo, hi] ((lo, hi] when lo_open)
+// are errors. CLI11's Range lets NaN through and prints its bounds with six decimals.
+CLI::Validator RealRange(double lo, double hi, bool lo_open = false);
+
 // Turns --kv-memory into bytes (0 when unset); false, with the error on stderr, when it does
 // not parse.
 bool ResolveKvMemory(EngineFlags* flags);

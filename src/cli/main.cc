@@ -1,5 +1,7 @@
 // kvserve: one binary, subcommands (generate, tokenize, inspect, perplexity, ...).
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,8 +45,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  for (auto& [sub, run] : commands) {
-    if (sub->parsed()) return run();
+  // Commands report their errors themselves; what escapes them (memory exhausted under a limit,
+  // a thread that cannot start) still ends in one line and exit 1, not std::terminate.
+  try {
+    for (auto& [sub, run] : commands) {
+      if (sub->parsed()) return run();
+    }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "error: out of memory (a memory limit such as ulimit -v, or too little "
+                 "RAM for this model and these options)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   }
   return 1;
 }

@@ -1,10 +1,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <utility>
 
 #include "cli/commands.h"
+#include "core/text_file.h"
 
 namespace kvs::cli {
 namespace fs = std::filesystem;
@@ -34,14 +34,12 @@ bool ResolveModelPath(std::string& path) {
 }
 
 bool ReadTextFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "error: cannot read '%s'\n", path.c_str());
+  auto text = kvs::ReadTextFile(path, kMaxInputFileBytes);
+  if (!text) {
+    std::fprintf(stderr, "error: %s\n", text.error().c_str());
     return false;
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
+  *out = std::move(*text);
   return true;
 }
 

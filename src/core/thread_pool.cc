@@ -1,6 +1,10 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
+
+#include "core/log.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -40,8 +44,27 @@ ThreadPool::~ThreadPool() {
 }
 
 int ThreadPool::DefaultThreadCount() {
+#ifdef __linux__
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 0) {
+    return CPU_COUNT(&cpus);
+  }
+#endif
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
+}
+
+int ThreadPool::ResolveThreadCount(int requested) {
+  const int available = DefaultThreadCount();
+  if (requested <= 0) return available;
+  if (requested > available) {
+    KVS_LOG_WARN(
+        "-t %d is more than the %d CPU threads this process may use; using %d (the "
+        "pool's threads spin, and more of them than cores wait on each other)",
+        requested, available, available);
+    return available;
+  }
+  return requested;
 }
 
 void ThreadPool::ParallelFor(size_t n, size_t grain,

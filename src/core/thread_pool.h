@@ -32,7 +32,15 @@ class ThreadPool {
   // reentrant: one caller at a time.
   void ParallelFor(size_t n, size_t grain, const std::function<void(int, size_t, size_t)>& fn);
 
+  // The CPUs this process may run on: its affinity mask (taskset, a container's cpuset), else
+  // std::thread::hardware_concurrency; at least 1.
   static int DefaultThreadCount();
+  // The thread count to use for a user's request (-t, EngineOptions::threads): 0 or less means
+  // DefaultThreadCount(); more than that is clamped to it with a warning. The workers spin
+  // between loops, so a thread without a core of its own stalls every loop until the kernel
+  // runs it: 1000 threads on 2 cores crawl. The constructor takes any count (tests split work
+  // over more threads than cores on purpose); what comes from a user goes through here.
+  static int ResolveThreadCount(int requested);
 
  private:
   void WorkerLoop(int index);

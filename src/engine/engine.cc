@@ -25,8 +25,9 @@ const char* FinishReasonName(FinishReason reason) {
 
 Status EngineConfig::Validate() const {
   if (n_ctx < 2) return Status::Error(StrFormat("-c %d: the context must hold at least 2", n_ctx));
-  if (max_seqs < 1 || max_seqs > 65536) {
-    return Status::Error(StrFormat("-np %d: must be between 1 and 65536", max_seqs));
+  if (max_seqs < 1 || max_seqs > kMaxParallelSequences) {
+    return Status::Error(
+        StrFormat("-np %d: must be between 1 and %d", max_seqs, kMaxParallelSequences));
   }
   if (max_batch_tokens < 1 || max_batch_tokens > 65536) {
     return Status::Error(

@@ -18,6 +18,12 @@
 
 namespace kvs {
 
+// The most sequences one engine runs at once (-np). llama.cpp caps them at 256 (LLAMA_MAX_SEQ)
+// and vLLM's max_num_seqs defaults to 256 (1024 on large GPUs); on a CPU a step past a few
+// hundred sequences is all decode, each getting a sliver of it. The real cost of a slot is the
+// KV cache sized by default for -np full contexts: a larger -np only asks for more memory.
+inline constexpr int32_t kMaxParallelSequences = 1024;
+
 struct EngineConfig {
   int32_t n_ctx = 4096;               // -c: most positions (prompt + output) one sequence may hold
   int32_t max_seqs = 4;               // -np/--parallel
