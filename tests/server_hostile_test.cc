@@ -407,3 +407,126 @@ TEST_F(HostileTest, ChunkedGzipPipelinedAndExpectContinueRequestsWork) {
 
 }  // namespace
 }  // namespace kvs::server
+
+namespace kvs::server {
+namespace {
+
+TEST_F(HostileTest, DeclaredLengthsCostNothingAndNeedTheKey) {
+  ServerOptions o;
+  o.api_key = "k";
+  Start(o);
+  // Without the key, a head that declares 8 MiB is refused before any body is read.
+  EXPECT_EQ(StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Length: 8388608"
+                                    "\r\n\r\n{")),
+            401);
+  EXPECT_EQ(StatusOf(RawCall(port_, "POST /nothing HTTP/1.1\r\nContent-Length: 8388608\r\n\r\n{")),
+            404);
+  // With it, 40 stalled 8 MiB declarations (320 MiB, over the 256 MiB budget) hold one byte
+  // each: other requests are still served.
+  for (int i = 0; i < 40; ++i) {
+    const int fd = Connect(port_);
+    SendAll(fd, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\n"
+                "Content-Length: 8388608\r\n\r\n{");
+    held_.push_back(fd);
+  }
+  auto client = Client();
+  auto done = client->Post("/v1/completions", {{"Authorization", "bearer k"}},  // any case
+                           R"({"prompt":"Once","max_tokens":2})", "application/json");
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->status, 200) << done->body;
+}
+
+TEST_F(HostileTest, NestedJsonAndHugeEchoesAreRefusedCheaply) {
+  Start();
+  const int64_t before = RssBytes();
+  // 8 MiB of '[' would be ~700 MB of JSON tree: refused while parsing, at depth 65.
+  const std::string deep = Gzip(std::string(8 << 20, '['));
+  const std::string reply =
+      RawCall(port_, "POST /v1/completions HTTP/1.1\r\nConnection: close\r\n"
+                     "Content-Encoding: gzip\r\nContent-Length: " +
+                         std::to_string(deep.size()) + "\r\n\r\n" + deep);
+  EXPECT_EQ(StatusOf(reply), 400) << reply;
+  EXPECT_NE(reply.find("deeper than 64"), std::string::npos) << reply;
+  EXPECT_LT(RssBytes() - before, int64_t{64} << 20);
+  // A 1 MiB model name is not echoed whole.
+  const std::string body = json{{"model", std::string(1 << 20, 'm')}, {"prompt", "x"}}.dump();
+  auto r = Client()->Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_LT(r->body.size(), 1024u);
+}
+
+TEST_F(HostileTest, SlowReaderLosesItsSeatOnceTheEngineIsDone) {
+  ServerOptions o;
+  o.engine.n_parallel = 1;
+  o.max_queue = 0;
+  o.write_timeout = 1000ms;
+  o.socket_send_buffer = 16 << 10;  // so that the kernel cannot take the whole response
+  Start(o);
+  // ~1 MB of stream read at ~5 KB/s: it would hold the only seat for minutes.
+  const int slow = socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  timeval tv{0, 100000};
+  setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  held_.push_back(slow);
+  const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":400,)"
+                           R"("stream":true,"ignore_eos":true,"logprobs":true,"top_logprobs":20})";
+  SendAll(slow, "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n" + body);
+  std::atomic<bool> stop{false};
+  std::string got;
+  std::thread reader([&] {
+    char buf[256];
+    while (!stop) {
+      const ssize_t n = recv(slow, buf, sizeof(buf), 0);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+      if (n > 0) got.append(buf, static_cast<size_t>(n));
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  // The seat frees about --timeout after the engine finishes, not when the client has read.
+  auto client = Client();
+  int status = 0;
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (status != 200 && std::chrono::steady_clock::now() < give_up) {
+    auto r = client->Post("/v1/completions", R"({"prompt":"x","max_tokens":1})", "application/json");
+    status = r ? r->status : 0;
+    if (status != 200) std::this_thread::sleep_for(100ms);
+  }
+  stop = true;
+  reader.join();
+  EXPECT_EQ(status, 200) << "the slow reader kept the seat";
+  EXPECT_EQ(got.find("[DONE]"), std::string::npos);  // its response was cut, not completed
+  EXPECT_LT(got.size(), size_t{900} << 10);
+}
+
+TEST_F(HostileTest, Http10StreamsWithoutChunksAndHeadHasNoBody) {
+  Start();
+  const std::string body = R"({"prompt":"Once","max_tokens":3,"stream":true})";
+  const std::string reply = RawCall(port_, "POST /v1/completions HTTP/1.0\r\nContent-Length: " +
+                                               std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(StatusOf(reply), 200) << reply;
+  EXPECT_EQ(reply.find("Transfer-Encoding"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("Connection: close"), std::string::npos);
+  EXPECT_NE(reply.find("\r\n\r\ndata: {"), std::string::npos) << reply;  // no chunk sizes
+  EXPECT_NE(reply.find("data: [DONE]"), std::string::npos);
+  // HEAD: the head of GET's answer, no body, and the connection stays usable.
+  const int fd = Connect(port_);
+  SendAll(fd, "HEAD /health HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
+  const std::string two = ReadReply(fd);
+  close(fd);
+  EXPECT_EQ(StatusOf(two), 200);
+  const size_t second = two.find("HTTP/1.1 200", 1);
+  ASSERT_NE(second, std::string::npos) << two;
+  EXPECT_EQ(two.substr(second - 4, 4), "\r\n\r\n");  // nothing between the two heads
+  EXPECT_NE(two.find("{\"status\":\"ok\"}", second), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvs::server

@@ -55,7 +55,10 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
       error_message_ = e.error;
     }
     ++engine_ends_;
-    if (engine_ends_ == static_cast<int32_t>(choices_.size())) engine_done_ = true;
+    if (engine_ends_ == static_cast<int32_t>(choices_.size())) {
+      engine_done_ = true;
+      if (on_engine_done_) on_engine_done_();
+    }
     if (!c.done) FinishChoice(e.choice, e.finish_reason);
   }
   cv_.notify_all();
@@ -272,6 +275,12 @@ bool CompletionCall::Pump(const std::function<bool(const std::string&)>& write, 
   }
   *done = finished_;
   return true;
+}
+
+void CompletionCall::OnEngineDone(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_engine_done_ = std::move(fn);
+  if (engine_done_ && on_engine_done_) on_engine_done_();
 }
 
 void CompletionCall::Abandon() {

@@ -38,6 +38,9 @@ class CompletionCall {
   bool Pump(const std::function<bool(const std::string&)>& write, bool* done);
   // The client went away before the end: cancel the request if it still runs.
   void Abandon();
+  // Calls fn (on the engine's thread, or now) once the engine has sent every choice's end;
+  // nullptr forgets it.
+  void OnEngineDone(std::function<void()> fn);
 
  private:
   struct Choice {
@@ -92,6 +95,7 @@ class CompletionCall {
   int32_t cached_tokens_ = 0;
   Clock::time_point last_token_;
   bool finished_ = false;  // response written
+  std::function<void()> on_engine_done_;
 };
 
 }  // namespace kvs::server

@@ -58,7 +58,7 @@ std::optional<ApiError> ParseMessages(const nlohmann::json& body, CompletionRequ
     }
     const std::string role = *role_it;
     if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
-      return Bad("messages", "unknown message role '" + role + "'");
+      return Bad("messages", "unknown message role " + Quote(role));
     }
     std::string content;
     const auto content_it = m.find("content");
@@ -115,7 +115,69 @@ std::optional<ApiError> ParsePrompt(const nlohmann::json& body, CompletionReques
   return Bad("prompt", "'prompt' must be a non-empty string or array of token ids");
 }
 
+// Counts depth and values as the parser reads, and stops it at the first excess.
+class JsonBudget : public nlohmann::json::json_sax_t {
+ public:
+  static constexpr size_t kMaxDepth = 64;
+  static constexpr size_t kMaxValues = size_t{1} << 20;
+  std::string problem;
+
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(size_t) override { return Value() && Enter(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return Leave(); }
+  bool start_array(size_t) override { return Value() && Enter(); }
+  bool end_array() override { return Leave(); }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  bool Value() {
+    if (++values_ <= kMaxValues) return true;
+    problem = "The request body has more than " + std::to_string(kMaxValues) + " JSON values.";
+    return false;
+  }
+  bool Enter() {
+    if (++depth_ <= kMaxDepth) return true;
+    problem = "The request body nests JSON deeper than " + std::to_string(kMaxDepth) + " levels.";
+    return false;
+  }
+  bool Leave() {
+    --depth_;
+    return true;
+  }
+  size_t depth_ = 0;
+  size_t values_ = 0;
+};
+
 }  // namespace
+
+std::string Quote(const std::string& value) {
+  constexpr size_t kMax = 256;
+  if (value.size() <= kMax) return "'" + value + "'";
+  return "'" + value.substr(0, kMax) + "...' (" + std::to_string(value.size()) + " bytes)";
+}
+
+std::optional<ApiError> ParseJsonBody(const std::string& body, nlohmann::json* out) {
+  JsonBudget budget;
+  if (!nlohmann::json::sax_parse(body, &budget)) {
+    return ApiError{400, "invalid_request_error",
+                    budget.problem.empty() ? "The request body is not valid JSON." : budget.problem,
+                    {}, {}};
+  }
+  *out = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (out->is_discarded()) {
+    return ApiError{400, "invalid_request_error", "The request body is not valid JSON.", {}, {}};
+  }
+  return std::nullopt;
+}
 
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat,
                                                CompletionRequest* out) {
@@ -156,7 +218,10 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
   if (auto e = Bool(body, "ignore_eos", &g.ignore_eos)) return e;
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
-    if (auto e = Bool(*it, "include_usage", &out->include_usage)) return e;
+    if (auto e = Bool(*it, "include_usage", &out->include_usage)) {
+      e->param = "stream_options";
+      return e;
+    }
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {

@@ -42,6 +42,14 @@ struct CompletionRequest {
   bool logprobs = false;  // chat: logprobs=true; completions: logprobs=k
 };
 
+// Parses a request body into *out, refusing (400) JSON nested deeper than 64 levels or with more
+// than 2^20 values before building it: a few MiB of "[[[[..." would otherwise become
+// gigabytes of JSON tree.
+std::optional<ApiError> ParseJsonBody(const std::string& body, nlohmann::json* out);
+
+// A client's value quoted in an error message: at most 256 bytes of it.
+std::string Quote(const std::string& value);
+
 // Fills *out from the body, or returns the error to send (400, naming the parameter).
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat,
                                                CompletionRequest* out);

@@ -1,6 +1,10 @@
 #include "server/openai_server.h"
 
+#include <malloc.h>
+#include <strings.h>
+
 #include <chrono>
+#include <semaphore>
 
 #include "core/log.h"
 #include "server/completion_call.h"
@@ -27,6 +31,8 @@ std::string FileStem(const std::string& path) {
 // streamed response keeps none of them; a non-streamed one holds its JSON text until the end.
 constexpr int64_t kMaxLogprobEntriesStreamed = int64_t{1} << 22;
 constexpr int64_t kMaxLogprobEntries = int64_t{1} << 18;
+// Bodies above this are parsed and tokenized two at a time (Server::heavy_).
+constexpr size_t kLargeBodyBytes = size_t{1} << 20;
 
 }  // namespace
 
@@ -38,21 +44,37 @@ Server::~Server() {
   Stop();
 }
 
-bool Server::Authorized(const http::Request& req, http::Response& res) const {
+// Whether the request carries the API key: "Bearer" in any case, the key compared in time that
+// does not depend on where it first differs.
+bool Server::Authorized(const http::Request& req) const {
   if (options_.api_key.empty()) return true;
-  if (req.Get("authorization") == "Bearer " + options_.api_key) return true;
-  SendError(res, ApiError{401,
-                          "invalid_request_error",
-                          req.Find("authorization") ? "Incorrect API key provided."
-                                                    : "Missing API key: send "
-                                                      "'Authorization: Bearer KEY'.",
-                          {},
-                          "invalid_api_key"});
-  return false;
+  const std::string header = req.Get("authorization");
+  if (header.size() < 7 || strncasecmp(header.c_str(), "bearer ", 7) != 0) return false;
+  size_t start = 7;
+  while (start < header.size() && header[start] == ' ') ++start;
+  const std::string_view key = std::string_view(header).substr(start);
+  const std::string& want = options_.api_key;
+  unsigned char diff = key.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ (i < key.size() ? key[i] : 0));
+  }
+  return diff == 0;
 }
 
-void Server::Handle(http::Request& req, http::Response& res) {
-  if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req, res)) return;
+// The refusals that need only the head (key, path, method): the HTTP layer calls this before
+// reading a body, so that nobody without the key can make the server receive one.
+std::optional<http::Response> Server::Admit(const http::Request& req) const {
+  http::Response res;
+  if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req)) {
+    SendError(res, ApiError{401,
+                            "invalid_request_error",
+                            req.Find("authorization") ? "Incorrect API key provided."
+                                                      : "Missing API key: send "
+                                                        "'Authorization: Bearer KEY'.",
+                            {},
+                            "invalid_api_key"});
+    return res;
+  }
   struct Route {
     const char* method;
     const char* path;
@@ -67,15 +89,25 @@ void Server::Handle(http::Request& req, http::Response& res) {
     if (req.path == r.path) route = &r;
   }
   if (!route) {
-    return SendError(res, ApiError{404, "invalid_request_error",
-                                   "Unknown path: " + req.method + " " + req.path, {},
-                                   "not_found"});
+    SendError(res, ApiError{404, "invalid_request_error",
+                            "Unknown path: " + req.method + " " + Quote(req.path), {},
+                            "not_found"});
+    return res;
   }
-  if (req.method != route->method) {
+  const bool get_or_head = std::string_view(route->method) == "GET" && req.method == "HEAD";
+  if (req.method != route->method && !get_or_head) {
     SendError(res, ApiError{405, "invalid_request_error",
-                            req.path + " takes " + route->method + ", not " + req.method, {},
-                            "method_not_allowed"});
+                            req.path + " takes " + route->method + ", not " + Quote(req.method),
+                            {}, "method_not_allowed"});
     res.headers.push_back({"Allow", route->method});
+    return res;
+  }
+  return std::nullopt;
+}
+
+void Server::Handle(http::Request& req, http::Response& res) {
+  if (std::optional<http::Response> refused = Admit(req)) {
+    res = std::move(*refused);
     return;
   }
   if (req.path == "/health") {
@@ -118,20 +150,28 @@ void Server::Models(http::Response& res) const {
 }
 
 void Server::Completion(const http::Request& req, http::Response& res, bool chat) {
-  nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    return SendError(
-        res, ApiError{400, "invalid_request_error", "The request body is not valid JSON.", {}, {}});
-  }
+  // A large body costs tens of times its size while it is parsed and tokenized: only a few are
+  // at once, and the memory goes back to the system afterwards.
+  const bool large = req.body.size() > kLargeBodyBytes;
+  if (large) heavy_.acquire();
+  struct Heavy {
+    Server* server;
+    bool held;
+    ~Heavy() {
+      if (!held) return;
+      server->heavy_.release();
+      malloc_trim(0);
+    }
+  } heavy{this, large};
+  nlohmann::json body;
+  if (auto err = ParseJsonBody(req.body, &body)) return SendError(res, *err);
   CompletionRequest request;
   if (auto err = ParseCompletionRequest(body, chat, &request)) return SendError(res, *err);
   body = nullptr;  // the parsed request holds what is needed
   if (!request.model.empty() && request.model != model_id_) {
     return SendError(res, ApiError{404, "invalid_request_error",
-                                   "The model '" + request.model +
-                                       "' does not exist; this "
-                                       "server has '" +
-                                       model_id_ + "'.",
+                                   "The model " + Quote(request.model) +
+                                       " does not exist; this server has '" + model_id_ + "'.",
                                    "model", "model_not_found"});
   }
   const kvserve::EngineOptions& eo = engine_->options();
@@ -211,17 +251,24 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
   kvserve::Engine* engine = engine_.get();
   call->Attach(rid, [engine](uint64_t r) { engine->Cancel(r); });
   res.content_type = request.stream ? "text/event-stream" : "application/json";
-  res.stream = [call, this](const http::BodyWriter& write) {
+  res.stream = [call, this](http::BodyWriter& writer) {
     // Ends the request in the engine however the response ends (no-op when it completed).
     struct Release {
       CompletionCall* call;
       std::atomic<int64_t>* in_flight;
       ~Release() {
+        call->OnEngineDone(nullptr);
         call->Abandon();
         in_flight->fetch_sub(1);
       }
     } release{call.get(), &in_flight_};
-    const auto sink = [&write](const std::string& s) { return write(s); };
+    // Once the engine is done, the rest must reach the client within --timeout: a client that
+    // reads too slowly to keep up must not hold its seat and its thread for ever.
+    const auto grace = options_.write_timeout;
+    call->OnEngineDone([&writer, grace] {
+      writer.SetDeadline(std::chrono::steady_clock::now() + grace);
+    });
+    const auto sink = [&writer](const std::string& s) { return writer.Write(s); };
     bool done = false;
     while (!done && call->Pump(sink, &done)) {
     }
@@ -241,6 +288,7 @@ Expected<int> Server::Listen() {
   o.body_timeout = options_.body_timeout;
   o.idle_timeout = options_.idle_timeout;
   o.write_timeout = options_.write_timeout;
+  o.socket_send_buffer = options_.socket_send_buffer;
   http_ = std::make_unique<http::HttpServer>(
       o, [this](http::Request& req, http::Response& res) { Handle(req, res); },
       [](int status, const std::string& message) {
@@ -248,7 +296,8 @@ Expected<int> Server::Listen() {
         SendError(res, ApiError{status, status >= 500 ? "server_error" : "invalid_request_error",
                                 message, {}, {}});
         return res;
-      });
+      },
+      [this](const http::Request& req) { return Admit(req); });
   Expected<int> port = http_->Listen();
   if (!port.ok()) {
     http_.reset();

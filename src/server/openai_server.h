@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <semaphore>
 #include <string>
 
 #include "core/status.h"
@@ -35,6 +37,7 @@ struct ServerOptions {
   std::chrono::milliseconds body_timeout{60000};
   std::chrono::milliseconds idle_timeout{5000};
   std::chrono::milliseconds write_timeout{30000};
+  int socket_send_buffer = 0;  // SO_SNDBUF of each connection (0: autotuned; tests shrink it)
   // How long Stop lets cancelled responses reach their end before cutting the connections.
   std::chrono::milliseconds shutdown_grace{5000};
 };
@@ -57,10 +60,11 @@ class Server {
   const kvserve::EngineOptions& engine_options() const { return engine_->options(); }
 
  private:
+  std::optional<http::Response> Admit(const http::Request& req) const;
   void Handle(http::Request& req, http::Response& res);
   void Completion(const http::Request& req, http::Response& res, bool chat);
   void Models(http::Response& res) const;
-  bool Authorized(const http::Request& req, http::Response& res) const;
+  bool Authorized(const http::Request& req) const;
 
   ServerOptions options_;
   std::unique_ptr<http::HttpServer> http_;
@@ -75,6 +79,7 @@ class Server {
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int64_t> next_id_{1};
   std::mutex stop_mu_;
+  std::counting_semaphore<> heavy_{2};  // large bodies being parsed and tokenized
 };
 
 }  // namespace kvs::server

@@ -32,9 +32,9 @@ const char* ReasonPhrase(int status) {
 std::string SerializeHead(const Response& res, bool keep_alive, long long body_bytes) {
   std::string head = "HTTP/1.1 " + std::to_string(res.status) + " " + ReasonPhrase(res.status) +
                      "\r\nContent-Type: " + res.content_type + "\r\n";
-  if (body_bytes < 0) {
+  if (body_bytes == kChunked) {
     head += "Transfer-Encoding: chunked\r\n";
-  } else {
+  } else if (body_bytes >= 0) {
     head += "Content-Length: " + std::to_string(body_bytes) + "\r\n";
   }
   head += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
@@ -43,8 +43,10 @@ std::string SerializeHead(const Response& res, bool keep_alive, long long body_b
   return head;
 }
 
-std::string SerializeResponse(const Response& res, bool keep_alive) {
-  return SerializeHead(res, keep_alive, static_cast<long long>(res.body.size())) + res.body;
+std::string SerializeResponse(const Response& res, bool keep_alive, bool head_only) {
+  std::string out = SerializeHead(res, keep_alive, static_cast<long long>(res.body.size()));
+  if (!head_only) out += res.body;
+  return out;
 }
 
 std::string Chunk(std::string_view data) {

@@ -3,6 +3,7 @@
 // each within the limits of Limits.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -44,27 +45,41 @@ struct Request {
   }
 };
 
-// Writes part of a streamed body; false when the client is gone (or the server is stopping).
-using BodyWriter = std::function<bool(std::string_view)>;
+// Writes a streamed body, from the handler's thread.
+class BodyWriter {
+ public:
+  virtual ~BodyWriter() = default;
+  // False when the client is gone, the server is stopping, or the deadline has passed.
+  virtual bool Write(std::string_view data) = 0;
+  // The rest of the body must be written by `deadline` (else Write fails and the connection is
+  // closed). Any thread may call it.
+  virtual void SetDeadline(std::chrono::steady_clock::time_point deadline) = 0;
+};
 
 struct Response {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
   std::vector<Header> headers;  // more header fields
-  // A streamed body (sent chunked): called on the handler's thread once the head is out, with
-  // a writer; returns when the body is complete or the writer has failed.
-  std::function<void(const BodyWriter&)> stream;
+  // A streamed body (sent chunked; to HTTP/1.0 clients, until the connection closes): called on
+  // the handler's thread once the head is out; returns when the body is complete or the writer
+  // has failed.
+  std::function<void(BodyWriter&)> stream;
 };
 
 // "OK", "Not Found", ... ("Unknown" for a status without one here).
 const char* ReasonPhrase(int status);
 
-// The status line and header fields, ending with the blank line. `body_bytes` < 0: chunked.
+// How a body's end is marked.
+constexpr long long kChunked = -1;      // Transfer-Encoding: chunked (HTTP/1.1)
+constexpr long long kUntilClose = -2;   // the connection closes (HTTP/1.0 streaming)
+
+// The status line and header fields, ending with the blank line; `body_bytes` is the
+// Content-Length, or kChunked / kUntilClose.
 std::string SerializeHead(const Response& res, bool keep_alive, long long body_bytes);
 
-// A whole response (head and body) with a Content-Length.
-std::string SerializeResponse(const Response& res, bool keep_alive);
+// A whole response with a Content-Length; without its body for a HEAD request.
+std::string SerializeResponse(const Response& res, bool keep_alive, bool head_only = false);
 
 // One chunk of a chunked body ("" gives the last chunk).
 std::string Chunk(std::string_view data);

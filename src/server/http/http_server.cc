@@ -44,6 +44,8 @@ struct HttpServer::Conn {
   bool keep_alive = false;   // after the response in progress
   int served = 0;
   size_t reserved = 0;  // body bytes counted against max_buffered_body_bytes
+  // A handler's deadline for the rest of a streamed body (steady-clock ns; 0: none).
+  std::atomic<int64_t> body_deadline_ns{0};
 };
 
 namespace {
@@ -66,8 +68,12 @@ int RaiseFileLimit() {
 
 }  // namespace
 
-HttpServer::HttpServer(HttpServerOptions options, Handler handler, ErrorResponder error)
-    : options_(std::move(options)), handler_(std::move(handler)), error_(std::move(error)) {}
+HttpServer::HttpServer(HttpServerOptions options, Handler handler, ErrorResponder error,
+                       HeadFilter head_filter)
+    : options_(std::move(options)),
+      handler_(std::move(handler)),
+      error_(std::move(error)),
+      head_filter_(std::move(head_filter)) {}
 
 HttpServer::~HttpServer() {
   Stop(std::chrono::milliseconds(0));
@@ -120,10 +126,12 @@ Expected<int> HttpServer::Listen() {
     ev.data.fd = watched;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, watched, &ev);
   }
-  for (int i = 0; i < std::max(1, options_.worker_threads); ++i) {
-    workers_.emplace_back([this] { Worker(); });
+  // Workers start as requests need them (see Dispatch); the loop is the only thread now.
+  try {
+    loop_thread_ = std::thread([this] { Loop(); });
+  } catch (const std::system_error& e) {
+    return Status::Error(StrFormat("cannot start the HTTP thread: %s", e.what()));
   }
-  loop_thread_ = std::thread([this] { Loop(); });
   return port;
 }
 
@@ -151,12 +159,14 @@ void HttpServer::Stop(std::chrono::milliseconds grace) {
   }
   cut_ = true;  // from here every handler's write fails at once
   Wake();
+  std::vector<std::thread> workers;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    workers_quit_ = true;
+    workers_quit_ = true;  // no worker starts from here on
+    workers.swap(workers_);
   }
   work_cv_.notify_all();
-  for (std::thread& t : workers_) t.join();
+  for (std::thread& t : workers) t.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
     quit_ = true;
@@ -254,6 +264,10 @@ void HttpServer::Accept(Clock::time_point now) {
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // tokens go out at once
+    if (options_.socket_send_buffer > 0) {
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &options_.socket_send_buffer,
+                 sizeof(options_.socket_send_buffer));
+    }
     auto conn = std::make_unique<Conn>(fd, options_.limits);
     Conn* c = conn.get();
     conns_.emplace(fd, std::move(conn));
@@ -341,12 +355,20 @@ void HttpServer::Advance(Conn* c, Clock::time_point now) {
   if (c->parser.head_done() && !c->body_started) {
     c->body_started = true;
     c->deadline = now + options_.body_timeout;
-    const size_t want = c->parser.body_reservation();
-    if (reserved_body_bytes_ + want > options_.max_buffered_body_bytes) {
+    if (head_filter_) {
+      if (std::optional<Response> refused = head_filter_(c->parser.request())) {
+        return Refuse(c, *refused, now);
+      }
+    }
+  }
+  if (c->parser.head_done()) {
+    // Count the body bytes actually held (a declared length costs nothing until it arrives).
+    const size_t held = c->in.size() + c->parser.request().body.size();
+    reserved_body_bytes_ += held - c->reserved;
+    c->reserved = held;
+    if (reserved_body_bytes_ > options_.max_buffered_body_bytes) {
       return RespondError(c, 503, "Too many request bodies are being received; retry later.", now);
     }
-    c->reserved = want;
-    reserved_body_bytes_ += want;
   }
   if (state == RequestParser::State::kDone) return Dispatch(c);
   if (c->parser.wants_continue()) {
@@ -368,6 +390,17 @@ void HttpServer::Dispatch(Conn* c) {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back(c);
     ++dispatched_;
+    // One more worker when none is free: threads (and their stacks) only as the load needs,
+    // up to worker_threads. If the system refuses a thread the job waits for a free one.
+    if (idle_workers_ == 0 && static_cast<int>(workers_.size()) < options_.worker_threads &&
+        !workers_quit_) {
+      try {
+        workers_.emplace_back([this] { Worker(); });
+        ++idle_workers_;  // it takes a job as soon as it runs
+      } catch (const std::system_error& e) {
+        if (workers_.empty()) KVS_LOG_ERROR("http: cannot start a worker: %s", e.what());
+      }
+    }
   }
   work_cv_.notify_one();
 }
@@ -380,6 +413,7 @@ void HttpServer::OnReturned(Conn* c, Clock::time_point now) {
   if (c->out.empty()) return FinishResponse(c, now);
   c->phase = Conn::Phase::kWriting;
   c->deadline = now + options_.write_timeout;
+  c->since = now;
   Flush(c, now);
 }
 
@@ -416,13 +450,18 @@ void HttpServer::FinishResponse(Conn* c, Clock::time_point now) {
 
 void HttpServer::RespondError(Conn* c, int status, const std::string& message,
                               Clock::time_point now) {
+  Refuse(c, error_(status, message), now);
+}
+
+void HttpServer::Refuse(Conn* c, const Response& res, Clock::time_point now) {
   ReleaseReservation(c);
   c->in.clear();
   c->keep_alive = false;  // the stream's framing is lost after a refused request
-  c->out = SerializeResponse(error_(status, message), /*keep_alive=*/false);
+  c->out = SerializeResponse(res, /*keep_alive=*/false, c->parser.request().method == "HEAD");
   c->out_sent = 0;
   c->phase = Conn::Phase::kWriting;
   c->deadline = now + options_.write_timeout;
+  c->since = now;
   Flush(c, now);
 }
 
@@ -444,17 +483,21 @@ void HttpServer::ExpireDeadlines(Clock::time_point now) {
 }
 
 bool HttpServer::EvictOne() {
-  // Idle keep-alive connections go first, then the request that has been arriving longest.
+  // Idle keep-alive connections go first, then the request that has been arriving longest,
+  // then the response that has waited longest for its client to read it.
+  const auto rank = [](const Conn& c) {
+    switch (c.phase) {
+      case Conn::Phase::kIdle: return 0;
+      case Conn::Phase::kReading: return 1;
+      case Conn::Phase::kWriting: return 2;
+      default: return 3;  // a worker holds it
+    }
+  };
   Conn* victim = nullptr;
   for (auto& [fd, c] : conns_) {
-    const bool idle = c->phase == Conn::Phase::kIdle;
-    if (!idle && c->phase != Conn::Phase::kReading) continue;
-    if (!victim) {
-      victim = c.get();
-      continue;
-    }
-    const bool victim_idle = victim->phase == Conn::Phase::kIdle;
-    if ((idle && !victim_idle) || (idle == victim_idle && c->since < victim->since)) {
+    if (rank(*c) == 3) continue;
+    if (!victim || rank(*c) < rank(*victim) ||
+        (rank(*c) == rank(*victim) && c->since < victim->since)) {
       victim = c.get();
     }
   }
@@ -475,12 +518,14 @@ void HttpServer::Worker() {
       if (jobs_.empty()) return;
       c = jobs_.front();
       jobs_.pop_front();
+      --idle_workers_;
     }
     Serve(c);
     {
       std::lock_guard<std::mutex> lock(mu_);
       returned_.push_back(c);
       --dispatched_;
+      ++idle_workers_;
     }
     done_cv_.notify_all();
     Wake();
@@ -507,30 +552,53 @@ void HttpServer::Serve(Conn* c) {
       c->keep_alive = false;
     }
   }
-  if (!res.stream) {
-    c->out = SerializeResponse(res, c->keep_alive);  // the loop sends it
+  const bool head_only = req.method == "HEAD";
+  if (!res.stream || head_only) {
+    c->out = SerializeResponse(res, c->keep_alive, head_only);  // the loop sends it
     c->out_sent = 0;
     return;
   }
-  bool ok = WriteAll(c, SerializeHead(res, c->keep_alive, /*body_bytes=*/-1));
-  const BodyWriter write = [&](std::string_view data) {
-    if (ok && !data.empty()) ok = WriteAll(c, Chunk(data));
-    return ok;
-  };
+  // HTTP/1.0 has no chunked coding: the body ends when the connection closes.
+  const bool chunked = req.minor_version >= 1;
+  if (!chunked) c->keep_alive = false;
+  c->body_deadline_ns = 0;
+  struct Writer : BodyWriter {
+    HttpServer* server;
+    Conn* c;
+    bool chunked;
+    bool ok;
+    bool Write(std::string_view data) override {
+      if (ok && !data.empty()) ok = server->WriteAll(c, chunked ? Chunk(data) : std::string(data));
+      return ok;
+    }
+    void SetDeadline(Clock::time_point deadline) override {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          deadline.time_since_epoch());
+      c->body_deadline_ns = std::max<int64_t>(1, ns.count());  // 0 means none
+    }
+  } writer;
+  writer.server = this;
+  writer.c = c;
+  writer.chunked = chunked;
+  writer.ok = WriteAll(c, SerializeHead(res, c->keep_alive, chunked ? kChunked : kUntilClose));
   try {
-    res.stream(write);
+    res.stream(writer);
   } catch (const std::exception& e) {
     KVS_LOG_ERROR("http: streaming %s failed: %s", req.path.c_str(), e.what());
-    ok = false;
+    writer.ok = false;
   }
-  if (ok) ok = WriteAll(c, Chunk(""));
-  if (!ok) c->keep_alive = false;
+  if (writer.ok && chunked) writer.ok = WriteAll(c, Chunk(""));
+  if (!writer.ok) c->keep_alive = false;
 }
 
 bool HttpServer::WriteAll(Conn* c, std::string_view data) {
   Clock::time_point progress = Clock::now();
   while (!data.empty()) {
     if (cut_) return false;
+    const int64_t deadline = c->body_deadline_ns.load();
+    if (deadline != 0 && Clock::now().time_since_epoch() > std::chrono::nanoseconds(deadline)) {
+      return false;  // the handler's deadline for the rest of the body
+    }
     const ssize_t n = send(c->fd, data.data(), data.size(), MSG_NOSIGNAL);
     if (n > 0) {
       data.remove_prefix(static_cast<size_t>(n));

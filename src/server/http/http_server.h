@@ -8,10 +8,11 @@
 //  - time: the whole head must arrive within header_timeout of its first byte, the whole body
 //    within body_timeout of the head, the next request within idle_timeout; a response that
 //    makes no progress for write_timeout is cut;
-//  - memory: the head, the body (also once decompressed) and the sum of the bodies being
-//    received at once are capped (431 / 413 / 503);
-//  - connections: beyond max_connections the stalest idle or unfinished connection is closed to
-//    make room, so that health checks and real clients still get in;
+//  - memory: the head, the body (also once decompressed) and the body bytes received by all
+//    connections at once are capped (431 / 413 / 503); a head filter refuses requests (no
+//    key, no such path) before their bodies are read;
+//  - connections: beyond max_connections the stalest idle, unfinished or unread connection is
+//    closed to make room, so that health checks and real clients still get in;
 //  - shutdown: Stop returns within about its grace period whatever the clients do.
 #pragma once
 
@@ -23,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -37,24 +39,30 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port
   Limits limits;
-  int worker_threads = 16;    // handlers running at once (each streamed response holds one)
+  int worker_threads = 16;    // handlers running at once (each streamed response holds one);
+                              // started as the load needs them
   int max_connections = 4096;  // open at once (also capped by the process's file limit)
-  size_t max_buffered_body_bytes = size_t{256} << 20;  // bodies being received at once
+  size_t max_buffered_body_bytes = size_t{256} << 20;  // body bytes received, not yet handled
   std::chrono::milliseconds header_timeout{10000};      // the whole head, from its first byte
   std::chrono::milliseconds body_timeout{60000};        // the whole body, from the head's end
   std::chrono::milliseconds idle_timeout{5000};         // between keep-alive requests
   std::chrono::milliseconds write_timeout{30000};       // a response making no progress
   int max_requests_per_connection = 1000;
+  int socket_send_buffer = 0;  // SO_SNDBUF of each connection (0: the system's autotuning)
 };
 
 // Fills the response to a request (on a worker thread; may block while it streams).
 using Handler = std::function<void(Request&, Response&)>;
 // The response for an error the server answers by itself (400, 408, 411, 413, 431, 503, ...).
 using ErrorResponder = std::function<Response(int status, const std::string& message)>;
+// Looks at a request's head before its body is read (on the event loop: quick, thread-safe):
+// a response refuses the request (e.g. 401, 404) without receiving its body.
+using HeadFilter = std::function<std::optional<Response>(const Request&)>;
 
 class HttpServer {
  public:
-  HttpServer(HttpServerOptions options, Handler handler, ErrorResponder error);
+  HttpServer(HttpServerOptions options, Handler handler, ErrorResponder error,
+             HeadFilter head_filter = nullptr);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -90,6 +98,7 @@ class HttpServer {
   void Flush(Conn* c, Clock::time_point now);
   void FinishResponse(Conn* c, Clock::time_point now);
   void RespondError(Conn* c, int status, const std::string& message, Clock::time_point now);
+  void Refuse(Conn* c, const Response& res, Clock::time_point now);
   void ExpireDeadlines(Clock::time_point now);
   bool EvictOne();
   void SetEvents(Conn* c, uint32_t events);
@@ -104,6 +113,7 @@ class HttpServer {
   const HttpServerOptions options_;
   const Handler handler_;
   const ErrorResponder error_;
+  const HeadFilter head_filter_;
   int max_connections_ = 0;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
@@ -124,6 +134,7 @@ class HttpServer {
   std::deque<Conn*> jobs_;
   std::vector<Conn*> returned_;
   int dispatched_ = 0;  // connections a worker holds or will
+  int idle_workers_ = 0;  // started workers not serving a job
   bool stop_accepting_ = false;
   bool workers_quit_ = false;
   bool quit_ = false;

@@ -202,7 +202,7 @@ RequestParser::State RequestParser::ParseHead(std::string_view head) {
       if (request_.minor_version == 0 && !ListHas(h.value, "keep-alive")) keep_alive_ = false;
     } else if (h.name == "expect") {
       if (Lower(h.value) != "100-continue") return Fail(417, "Only 'Expect: 100-continue'.");
-      expect_continue_ = true;
+      expect_continue_ = request_.minor_version >= 1;  // HTTP/1.0 has no interim responses
     }
   }
   if (request_.minor_version == 0 && !request_.Find("connection")) keep_alive_ = false;
