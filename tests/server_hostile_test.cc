@@ -27,9 +27,13 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-// A blocking loopback connection whose reads give up after `timeout`.
-int Connect(int port, std::chrono::milliseconds timeout = 5000ms) {
+// A blocking loopback connection whose reads give up after `timeout`; a small `receive_buffer`
+// makes a client that reads slowly (or never) stall the server's writes sooner.
+int Connect(int port, std::chrono::milliseconds timeout = 5000ms, int receive_buffer = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (receive_buffer > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+  }
   timeval tv{static_cast<time_t>(timeout.count() / 1000),
              static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -258,14 +262,8 @@ TEST_F(HostileTest, StopIsBoundedWhateverTheClientsDo) {
   OpenSlowConnections(100);
   // A streamed request whose client never reads: ~6 MB of chunks, more than the socket
   // buffers hold, so the handler's writes stall.
-  const int stalled = socket(AF_INET, SOCK_STREAM, 0);
-  const int small = 4096;
-  setsockopt(stalled, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int stalled = Connect(port_, 200ms, /*receive_buffer=*/4096);
+  ASSERT_GE(stalled, 0);
   held_.push_back(stalled);
   const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":700,)"
                            R"("n":4,"stream":true,"ignore_eos":true,"logprobs":true,)"
@@ -282,8 +280,6 @@ TEST_F(HostileTest, StopIsBoundedWhateverTheClientsDo) {
   auto stopped = std::async(std::launch::async, [this] { server_->Stop(); });
   ASSERT_EQ(stopped.wait_for(10s), std::future_status::ready) << "Stop hung";
   // The response was cut, not completed: its last chunk never came.
-  timeval tv{0, 200000};
-  setsockopt(stalled, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   const std::string got = ReadReply(stalled);
   EXPECT_EQ(StatusOf(got), 200);
   EXPECT_GT(got.size(), 0u);
@@ -464,16 +460,8 @@ TEST_F(HostileTest, SlowReaderLosesItsSeatOnceTheEngineIsDone) {
   o.socket_send_buffer = 16 << 10;  // so that the kernel cannot take the whole response
   Start(o);
   // ~1 MB of stream read at ~5 KB/s: it would hold the only seat for minutes.
-  const int slow = socket(AF_INET, SOCK_STREAM, 0);
-  const int small = 4096;
-  setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  timeval tv{0, 100000};
-  setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int slow = Connect(port_, 100ms, /*receive_buffer=*/4096);
+  ASSERT_GE(slow, 0);
   held_.push_back(slow);
   const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":400,)"
                            R"("stream":true,"ignore_eos":true,"logprobs":true,"top_logprobs":20})";
