@@ -105,6 +105,14 @@ std::string Gzip(const std::string& data, size_t times = 1) {
   return out;
 }
 
+// Under AddressSanitizer freed memory sits in its quarantine, so the growth of resident memory
+// says nothing there about what the server keeps: the checks compare it in the release build.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssMeaningful = false;
+#else
+constexpr bool kRssMeaningful = true;
+#endif
+
 // This process's resident memory (the server runs in it), in bytes.
 int64_t RssBytes() {
   std::ifstream status("/proc/self/status");
@@ -170,7 +178,7 @@ TEST_F(HostileTest, DecompressionBombGets413WithoutGrowingMemory) {
   EXPECT_NE(reply.find("decompressed"), std::string::npos);
   EXPECT_NE(reply.find("\"error\""), std::string::npos);  // OpenAI-shaped
   // The limit (8 MiB) bounds what inflating may take; 512 MiB would show.
-  EXPECT_LT(RssBytes() - before, int64_t{48} << 20);
+  if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{48} << 20);
   // A real compressed request still works.
   const std::string body = Gzip(R"({"prompt":"Once upon a time","max_tokens":2})");
   EXPECT_EQ(StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Encoding: gzip\r\n"
@@ -360,7 +368,7 @@ TEST_F(HostileTest, StreamedLogprobsAreNotKept) {
   EXPECT_EQ(entries, 1200u);  // every token of both choices came with its alternatives
   // ~36 KB a token were kept before (40+ MiB here); now nothing of a token outlives its chunk.
   // (tests/serve_hostile_test.sh measures the issue's n 2 x 1,500 tokens on the process.)
-  EXPECT_LT(RssBytes() - before, int64_t{8} << 20);
+  if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{8} << 20);
   // Non-streamed, the same request is still served (in compact form).
   json plain = req;
   plain["stream"] = false;
@@ -443,7 +451,7 @@ TEST_F(HostileTest, NestedJsonAndHugeEchoesAreRefusedCheaply) {
                          std::to_string(deep.size()) + "\r\n\r\n" + deep);
   EXPECT_EQ(StatusOf(reply), 400) << reply;
   EXPECT_NE(reply.find("deeper than 64"), std::string::npos) << reply;
-  EXPECT_LT(RssBytes() - before, int64_t{64} << 20);
+  if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{64} << 20);
   // A 1 MiB model name is not echoed whole.
   const std::string body = json{{"model", std::string(1 << 20, 'm')}, {"prompt", "x"}}.dump();
   auto r = Client()->Post("/v1/completions", body, "application/json");
