@@ -4,9 +4,18 @@
 
 #include <zlib.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "server/http/body_decoder.h"
+#include "server/http/http_server.h"
 #include "server/http/request_parser.h"
 
 namespace kvs::server::http {
@@ -200,6 +209,56 @@ TEST(BodyDecoder, RefusesBombsCorruptAndUnknownCodings) {
   EXPECT_EQ(DecodeBody(&trailing, 1 << 20).status, 400);
   Request br = Encoded("br", "....");
   EXPECT_EQ(DecodeBody(&br, 1 << 20).status, 415);
+}
+
+// Requests that arrive together are handled together: 32 handlers must all be running at once
+// (each waits for the others), so the pool must grow as fast as requests are dispatched.
+TEST(HttpServer, HandlersStartAsRequestsArrive) {
+  constexpr int kRequests = 32;
+  std::mutex mu;
+  std::condition_variable cv;
+  int inside = 0;
+  HttpServerOptions o;
+  o.worker_threads = kRequests + 8;
+  HttpServer server(
+      o,
+      [&](Request&, Response& res) {
+        std::unique_lock<std::mutex> lock(mu);
+        ++inside;
+        cv.notify_all();
+        const bool all = cv.wait_for(lock, std::chrono::seconds(5),
+                                     [&] { return inside == kRequests; });
+        res.body = all ? "together" : "queued";
+      },
+      [](int status, const std::string& message) {
+        Response res;
+        res.status = status;
+        res.body = message;
+        return res;
+      });
+  auto port = server.Listen();
+  ASSERT_TRUE(port.ok()) << port.error();
+  std::vector<int> fds;
+  for (int i = 0; i < kRequests; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(*port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    fds.push_back(fd);
+  }
+  const std::string request = "GET / HTTP/1.1\r\nConnection: close\r\n\r\n";
+  for (int fd : fds) ASSERT_EQ(send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+  for (int fd : fds) {
+    std::string reply;
+    char buf[512];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) reply.append(buf, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_NE(reply.find("together"), std::string::npos) << reply;
+  }
+  server.Stop(std::chrono::milliseconds(100));
 }
 
 }  // namespace

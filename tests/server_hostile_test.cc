@@ -502,6 +502,35 @@ TEST_F(HostileTest, SlowReaderLosesItsSeatOnceTheEngineIsDone) {
   EXPECT_LT(got.size(), size_t{900} << 10);
 }
 
+TEST_F(HostileTest, RequestsArrivingTogetherAllStreamAtOnce) {
+  // Handler threads start as requests need them: 4 long streams offered at once must all be
+  // streaming before any ends (a pool that grew too slowly left some queued behind the others).
+  ServerOptions o;
+  o.engine.n_parallel = 4;
+  o.engine.n_ctx = 4096;
+  Start(o);
+  // Streams of seconds each: one left queued would start only after another ended, long after
+  // the 2 s the first chunk is given.
+  const std::string body =
+      R"({"prompt":"Once","max_tokens":4000,"stream":true,"ignore_eos":true})";
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = Connect(port_, 2s);
+    ASSERT_GE(fd, 0);
+    held_.push_back(fd);
+    fds.push_back(fd);
+  }
+  for (int fd : fds) {
+    SendAll(fd, "POST /v1/completions HTTP/1.1\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n" + body);
+  }
+  for (int fd : fds) {
+    const std::string first = ReadReply(fd, "data: {");
+    EXPECT_NE(first.find("data: {"), std::string::npos) << "a stream never started";
+    EXPECT_EQ(first.find("[DONE]"), std::string::npos);
+  }
+}
+
 TEST_F(HostileTest, Http10StreamsWithoutChunksAndHeadHasNoBody) {
   Start();
   const std::string body = R"({"prompt":"Once","max_tokens":3,"stream":true})";

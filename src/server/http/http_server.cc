@@ -390,10 +390,11 @@ void HttpServer::Dispatch(Conn* c) {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back(c);
     ++dispatched_;
-    // One more worker when none is free: threads (and their stacks) only as the load needs,
-    // up to worker_threads. If the system refuses a thread the job waits for a free one.
-    if (idle_workers_ == 0 && static_cast<int>(workers_.size()) < options_.worker_threads &&
-        !workers_quit_) {
+    // One more worker when the queued jobs outnumber the free ones: threads (and their stacks)
+    // only as the load needs, up to worker_threads. If the system refuses a thread the job
+    // waits for a free one.
+    if (static_cast<int>(jobs_.size()) > idle_workers_ &&
+        static_cast<int>(workers_.size()) < options_.worker_threads && !workers_quit_) {
       try {
         workers_.emplace_back([this] { Worker(); });
         ++idle_workers_;  // it takes a job as soon as it runs
