@@ -54,7 +54,8 @@ TEST(RequestParser, ParsesHeadAndLengthBodyByteByByte) {
 
 TEST(RequestParser, PipelinedRequestsStayInTheBuffer) {
   RequestParser p(Limits{});
-  std::string buf = "GET /health HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n";
+  std::string buf =
+      "GET /health HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n";
   ASSERT_EQ(p.Parse(&buf), State::kDone);
   EXPECT_EQ(p.request().path, "/health");
   p.Reset();
@@ -226,8 +227,8 @@ TEST(HttpServer, HandlersStartAsRequestsArrive) {
         std::unique_lock<std::mutex> lock(mu);
         ++inside;
         cv.notify_all();
-        const bool all = cv.wait_for(lock, std::chrono::seconds(5),
-                                     [&] { return inside == kRequests; });
+        const bool all =
+            cv.wait_for(lock, std::chrono::seconds(5), [&] { return inside == kRequests; });
         res.body = all ? "together" : "queued";
       },
       [](int status, const std::string& message) {
@@ -249,7 +250,8 @@ TEST(HttpServer, HandlersStartAsRequestsArrive) {
     fds.push_back(fd);
   }
   const std::string request = "GET / HTTP/1.1\r\nConnection: close\r\n\r\n";
-  for (int fd : fds) ASSERT_EQ(send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+  for (int fd : fds)
+    ASSERT_EQ(send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
   for (int fd : fds) {
     std::string reply;
     char buf[512];

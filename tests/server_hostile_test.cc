@@ -171,9 +171,10 @@ TEST_F(HostileTest, DecompressionBombGets413WithoutGrowingMemory) {
   ASSERT_LT(bomb.size(), 2u << 20);
   const int64_t before = RssBytes();
   const std::string reply =
-      RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
-                     "Content-Encoding: gzip\r\nContent-Length: " +
-                         std::to_string(bomb.size()) + "\r\n\r\n" + bomb);
+      RawCall(port_,
+              "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+              "Content-Encoding: gzip\r\nContent-Length: " +
+                  std::to_string(bomb.size()) + "\r\n\r\n" + bomb);
   EXPECT_EQ(StatusOf(reply), 413) << reply.substr(0, 200);
   EXPECT_NE(reply.find("decompressed"), std::string::npos);
   EXPECT_NE(reply.find("\"error\""), std::string::npos);  // OpenAI-shaped
@@ -181,9 +182,10 @@ TEST_F(HostileTest, DecompressionBombGets413WithoutGrowingMemory) {
   if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{48} << 20);
   // A real compressed request still works.
   const std::string body = Gzip(R"({"prompt":"Once upon a time","max_tokens":2})");
-  EXPECT_EQ(StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Encoding: gzip\r\n"
-                                    "Connection: close\r\nContent-Length: " +
-                                        std::to_string(body.size()) + "\r\n\r\n" + body)),
+  EXPECT_EQ(StatusOf(RawCall(port_,
+                             "POST /v1/completions HTTP/1.1\r\nContent-Encoding: gzip\r\n"
+                             "Connection: close\r\nContent-Length: " +
+                                 std::to_string(body.size()) + "\r\n\r\n" + body)),
             200);
 }
 
@@ -253,10 +255,12 @@ TEST_F(HostileTest, MissingOrBadLengthIsAnsweredAtOnce) {
   Start(o);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n")), 411);
-  EXPECT_EQ(StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n")),
-            400);
-  EXPECT_EQ(StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999"
-                                    "\r\n\r\n")),
+  EXPECT_EQ(
+      StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n")),
+      400);
+  EXPECT_EQ(StatusOf(RawCall(port_,
+                             "POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999"
+                             "\r\n\r\n")),
             413);
   // The sockets read with a 5 s timeout: all three answered well before one expired.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -280,8 +284,7 @@ TEST_F(HostileTest, StopIsBoundedWhateverTheClientsDo) {
                        std::to_string(body.size()) + "\r\n\r\n" + body);
   // The engine finishes the request; its response is then stuck in the handler's writes.
   const auto give_up = std::chrono::steady_clock::now() + 120s;
-  while (server_->stats().running + server_->stats().waiting > 0 ||
-         server_->stats().steps == 0) {
+  while (server_->stats().running + server_->stats().waiting > 0 || server_->stats().steps == 0) {
     ASSERT_LT(std::chrono::steady_clock::now(), give_up);
     std::this_thread::sleep_for(10ms);
   }
@@ -387,9 +390,9 @@ TEST_F(HostileTest, ChunkedGzipPipelinedAndExpectContinueRequestsWork) {
   const std::string body = R"({"prompt":"Once","max_tokens":2})";
   char hex[16];
   std::snprintf(hex, sizeof(hex), "%zx", body.size() - 5);
-  const std::string chunked = "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" +
-                              body.substr(0, 5) + "\r\n" + hex + "\r\n" + body.substr(5) +
-                              "\r\n0\r\n\r\n";
+  const std::string chunked =
+      "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" +
+      body.substr(0, 5) + "\r\n" + hex + "\r\n" + body.substr(5) + "\r\n0\r\n\r\n";
   const int fd = Connect(port_);
   // Two requests in one write: both answered, in order, on one connection.
   SendAll(fd, chunked + "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
@@ -400,9 +403,10 @@ TEST_F(HostileTest, ChunkedGzipPipelinedAndExpectContinueRequestsWork) {
   EXPECT_NE(both.find("{\"status\":\"ok\"}"), std::string::npos);
   // Expect: 100-continue gets its interim answer before the body is sent.
   const int fd2 = Connect(port_);
-  SendAll(fd2, "POST /v1/completions HTTP/1.1\r\nConnection: close\r\nExpect: 100-continue\r\n"
-               "Content-Length: " +
-                   std::to_string(body.size()) + "\r\n\r\n");
+  SendAll(fd2,
+          "POST /v1/completions HTTP/1.1\r\nConnection: close\r\nExpect: 100-continue\r\n"
+          "Content-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n");
   EXPECT_EQ(ReadReply(fd2, "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
   SendAll(fd2, body);
   EXPECT_EQ(StatusOf(ReadReply(fd2)), 200);
@@ -420,8 +424,9 @@ TEST_F(HostileTest, DeclaredLengthsCostNothingAndNeedTheKey) {
   o.api_key = "k";
   Start(o);
   // Without the key, a head that declares 8 MiB is refused before any body is read.
-  EXPECT_EQ(StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Length: 8388608"
-                                    "\r\n\r\n{")),
+  EXPECT_EQ(StatusOf(RawCall(port_,
+                             "POST /v1/completions HTTP/1.1\r\nContent-Length: 8388608"
+                             "\r\n\r\n{")),
             401);
   EXPECT_EQ(StatusOf(RawCall(port_, "POST /nothing HTTP/1.1\r\nContent-Length: 8388608\r\n\r\n{")),
             404);
@@ -429,8 +434,9 @@ TEST_F(HostileTest, DeclaredLengthsCostNothingAndNeedTheKey) {
   // each: other requests are still served.
   for (int i = 0; i < 40; ++i) {
     const int fd = Connect(port_);
-    SendAll(fd, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\n"
-                "Content-Length: 8388608\r\n\r\n{");
+    SendAll(fd,
+            "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\n"
+            "Content-Length: 8388608\r\n\r\n{");
     held_.push_back(fd);
   }
   auto client = Client();
@@ -445,10 +451,10 @@ TEST_F(HostileTest, NestedJsonAndHugeEchoesAreRefusedCheaply) {
   const int64_t before = RssBytes();
   // 8 MiB of '[' would be ~700 MB of JSON tree: refused while parsing, at depth 65.
   const std::string deep = Gzip(std::string(8 << 20, '['));
-  const std::string reply =
-      RawCall(port_, "POST /v1/completions HTTP/1.1\r\nConnection: close\r\n"
-                     "Content-Encoding: gzip\r\nContent-Length: " +
-                         std::to_string(deep.size()) + "\r\n\r\n" + deep);
+  const std::string reply = RawCall(port_,
+                                    "POST /v1/completions HTTP/1.1\r\nConnection: close\r\n"
+                                    "Content-Encoding: gzip\r\nContent-Length: " +
+                                        std::to_string(deep.size()) + "\r\n\r\n" + deep);
   EXPECT_EQ(StatusOf(reply), 400) << reply;
   EXPECT_NE(reply.find("deeper than 64"), std::string::npos) << reply;
   if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{64} << 20);
@@ -491,7 +497,8 @@ TEST_F(HostileTest, SlowReaderLosesItsSeatOnceTheEngineIsDone) {
   int status = 0;
   const auto give_up = std::chrono::steady_clock::now() + 20s;
   while (status != 200 && std::chrono::steady_clock::now() < give_up) {
-    auto r = client->Post("/v1/completions", R"({"prompt":"x","max_tokens":1})", "application/json");
+    auto r =
+        client->Post("/v1/completions", R"({"prompt":"x","max_tokens":1})", "application/json");
     status = r ? r->status : 0;
     if (status != 200) std::this_thread::sleep_for(100ms);
   }
@@ -511,8 +518,7 @@ TEST_F(HostileTest, RequestsArrivingTogetherAllStreamAtOnce) {
   Start(o);
   // Streams of seconds each: one left queued would start only after another ended, long after
   // the 2 s the first chunk is given.
-  const std::string body =
-      R"({"prompt":"Once","max_tokens":4000,"stream":true,"ignore_eos":true})";
+  const std::string body = R"({"prompt":"Once","max_tokens":4000,"stream":true,"ignore_eos":true})";
   std::vector<int> fds;
   for (int i = 0; i < 4; ++i) {
     const int fd = Connect(port_, 2s);
@@ -521,8 +527,8 @@ TEST_F(HostileTest, RequestsArrivingTogetherAllStreamAtOnce) {
     fds.push_back(fd);
   }
   for (int fd : fds) {
-    SendAll(fd, "POST /v1/completions HTTP/1.1\r\nContent-Length: " +
-                    std::to_string(body.size()) + "\r\n\r\n" + body);
+    SendAll(fd, "POST /v1/completions HTTP/1.1\r\nContent-Length: " + std::to_string(body.size()) +
+                    "\r\n\r\n" + body);
   }
   for (int fd : fds) {
     const std::string first = ReadReply(fd, "data: {");

@@ -16,8 +16,8 @@ struct ServeArgs {
   std::string model;
   server::ServerOptions server;
   EngineFlags engine;
-  double timeout_s = 60;      // --timeout: a request body, or a response making no progress
-  double keep_alive_s = 5;    // --timeout-keep-alive: an idle connection between requests
+  double timeout_s = 60;    // --timeout: a request body, or a response making no progress
+  double keep_alive_s = 5;  // --timeout-keep-alive: an idle connection between requests
 };
 
 int RunServe(ServeArgs a) {
@@ -35,7 +35,9 @@ int RunServe(ServeArgs a) {
 
   a.server.model_path = path;
   a.server.engine = a.engine.options;
-  const auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  const auto ms = [](double s) {
+    return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  };
   a.server.body_timeout = ms(a.timeout_s);
   a.server.write_timeout = ms(a.timeout_s);
   a.server.idle_timeout = ms(a.keep_alive_s);

@@ -201,8 +201,8 @@ std::string CompletionCall::FinalJson() const {
                  "],\"top_logprobs\":[" + c.lp_top + "],\"text_offset\":[" + c.lp_offsets + "]}";
     }
     if (request_.chat) {
-      choices += ",\"message\":" +
-                 Dump(nlohmann::json{{"role", "assistant"}, {"content", c.text}}) + "}";
+      choices +=
+          ",\"message\":" + Dump(nlohmann::json{{"role", "assistant"}, {"content", c.text}}) + "}";
     } else {
       choices += ",\"text\":" + JsonString(c.text) + "}";
     }

@@ -168,9 +168,11 @@ std::string Quote(const std::string& value) {
 std::optional<ApiError> ParseJsonBody(const std::string& body, nlohmann::json* out) {
   JsonBudget budget;
   if (!nlohmann::json::sax_parse(body, &budget)) {
-    return ApiError{400, "invalid_request_error",
+    return ApiError{400,
+                    "invalid_request_error",
                     budget.problem.empty() ? "The request body is not valid JSON." : budget.problem,
-                    {}, {}};
+                    {},
+                    {}};
   }
   *out = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (out->is_discarded()) {
@@ -257,9 +259,13 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
   return std::nullopt;
 }
 
-std::string JsonString(std::string_view s) { return Dump(nlohmann::json(std::string(s))); }
+std::string JsonString(std::string_view s) {
+  return Dump(nlohmann::json(std::string(s)));
+}
 
-std::string JsonNumber(double v) { return Dump(nlohmann::json(v)); }
+std::string JsonNumber(double v) {
+  return Dump(nlohmann::json(v));
+}
 
 namespace {
 
@@ -275,8 +281,8 @@ void AppendBytes(std::string* out, std::string_view text) {
 }  // namespace
 
 std::string ChatLogprobJson(const kvserve::TokenEvent& e, const std::string& text) {
-  std::string out = "{\"token\":" + JsonString(text) + ",\"logprob\":" + JsonNumber(e.logprob) +
-                    ",\"bytes\":";
+  std::string out =
+      "{\"token\":" + JsonString(text) + ",\"logprob\":" + JsonNumber(e.logprob) + ",\"bytes\":";
   AppendBytes(&out, text);
   out += ",\"top_logprobs\":[";
   for (size_t i = 0; i < e.top_logprobs.size(); ++i) {

@@ -89,16 +89,20 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
     if (req.path == r.path) route = &r;
   }
   if (!route) {
-    SendError(res, ApiError{404, "invalid_request_error",
-                            "Unknown path: " + req.method + " " + Quote(req.path), {},
+    SendError(res, ApiError{404,
+                            "invalid_request_error",
+                            "Unknown path: " + req.method + " " + Quote(req.path),
+                            {},
                             "not_found"});
     return res;
   }
   const bool get_or_head = std::string_view(route->method) == "GET" && req.method == "HEAD";
   if (req.method != route->method && !get_or_head) {
-    SendError(res, ApiError{405, "invalid_request_error",
+    SendError(res, ApiError{405,
+                            "invalid_request_error",
                             req.path + " takes " + route->method + ", not " + Quote(req.method),
-                            {}, "method_not_allowed"});
+                            {},
+                            "method_not_allowed"});
     res.headers.push_back({"Allow", route->method});
     return res;
   }
@@ -126,11 +130,12 @@ void Server::Handle(http::Request& req, http::Response& res) {
     return;
   }
   if (!ready_ || stopping_) {
-    return SendError(res, ApiError{503,
-                                   "server_error",
-                                   stopping_ ? "The server is shutting down." : "The model is loading.",
-                                   {},
-                                   {}});
+    return SendError(res,
+                     ApiError{503,
+                              "server_error",
+                              stopping_ ? "The server is shutting down." : "The model is loading.",
+                              {},
+                              {}});
   }
   if (req.path == "/v1/models") return Models(res);
   Completion(req, res, /*chat=*/req.path == "/v1/chat/completions");
@@ -176,11 +181,13 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
   }
   const kvserve::EngineOptions& eo = engine_->options();
   if (request.gen.n > eo.n_parallel) {
-    return SendError(res, ApiError{400, "invalid_request_error",
-                                   "'n' is " + std::to_string(request.gen.n) +
-                                       "; this server decodes at most " +
-                                       std::to_string(eo.n_parallel) + " sequences at once (-np)",
-                                   "n", {}});
+    return SendError(
+        res, ApiError{400,
+                      "invalid_request_error",
+                      "'n' is " + std::to_string(request.gen.n) + "; this server decodes at most " +
+                          std::to_string(eo.n_parallel) + " sequences at once (-np)",
+                      "n",
+                      {}});
   }
   std::vector<int32_t> prompt;
   if (chat) {
@@ -190,11 +197,13 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
     prompt = request.prompt_ids;
     for (int32_t t : prompt) {
       if (t >= model_->n_vocab()) {
-        return SendError(res, ApiError{400, "invalid_request_error",
-                                       "token id " + std::to_string(t) +
-                                           " is outside the vocabulary (0.." +
-                                           std::to_string(model_->n_vocab() - 1) + ")",
-                                       "prompt", {}});
+        return SendError(
+            res, ApiError{400,
+                          "invalid_request_error",
+                          "token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                              std::to_string(model_->n_vocab() - 1) + ")",
+                          "prompt",
+                          {}});
       }
     }
   } else {
@@ -209,20 +218,21 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
                               chat ? "messages" : "prompt", "context_length_exceeded"});
   }
   if (request.gen.logprobs >= 0) {
-    const int64_t tokens = request.gen.max_tokens > 0
-                               ? request.gen.max_tokens
-                               : n_ctx - static_cast<int64_t>(prompt.size());
+    const int64_t tokens = request.gen.max_tokens > 0 ? request.gen.max_tokens
+                                                      : n_ctx - static_cast<int64_t>(prompt.size());
     const int64_t entries = int64_t{request.gen.n} * tokens * (request.gen.logprobs + 1);
     const int64_t cap = request.stream ? kMaxLogprobEntriesStreamed : kMaxLogprobEntries;
     if (entries > cap) {
       return SendError(
-          res, ApiError{400, "invalid_request_error",
+          res, ApiError{400,
+                        "invalid_request_error",
                         "n x max_tokens x (top_logprobs + 1) is " + std::to_string(entries) +
                             " log-probabilities, more than the " + std::to_string(cap) +
                             (request.stream ? " a streamed" : " a non-streamed") +
                             " request may ask for; lower one of them" +
                             (request.stream ? "" : ", or stream the response"),
-                        chat ? "top_logprobs" : "logprobs", {}});
+                        chat ? "top_logprobs" : "logprobs",
+                        {}});
     }
   }
   const int64_t limit = eo.n_parallel + options_.max_queue;
@@ -265,9 +275,8 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
     // Once the engine is done, the rest must reach the client within --timeout: a client that
     // reads too slowly to keep up must not hold its seat and its thread for ever.
     const auto grace = options_.write_timeout;
-    call->OnEngineDone([&writer, grace] {
-      writer.SetDeadline(std::chrono::steady_clock::now() + grace);
-    });
+    call->OnEngineDone(
+        [&writer, grace] { writer.SetDeadline(std::chrono::steady_clock::now() + grace); });
     const auto sink = [&writer](const std::string& s) { return writer.Write(s); };
     bool done = false;
     while (!done && call->Pump(sink, &done)) {
@@ -293,8 +302,10 @@ Expected<int> Server::Listen() {
       o, [this](http::Request& req, http::Response& res) { Handle(req, res); },
       [](int status, const std::string& message) {
         http::Response res;
-        SendError(res, ApiError{status, status >= 500 ? "server_error" : "invalid_request_error",
-                                message, {}, {}});
+        SendError(
+            res,
+            ApiError{
+                status, status >= 500 ? "server_error" : "invalid_request_error", message, {}, {}});
         return res;
       },
       [this](const http::Request& req) { return Admit(req); });

@@ -25,9 +25,9 @@ struct Limits {
 };
 
 struct Request {
-  std::string method;   // "GET", "POST", ...
-  std::string path;     // "/v1/completions" (the target without its query)
-  std::string query;    // after '?', undecoded
+  std::string method;     // "GET", "POST", ...
+  std::string path;       // "/v1/completions" (the target without its query)
+  std::string query;      // after '?', undecoded
   int minor_version = 1;  // HTTP/1.<minor>
   std::vector<Header> headers;
   std::string body;
@@ -71,8 +71,8 @@ struct Response {
 const char* ReasonPhrase(int status);
 
 // How a body's end is marked.
-constexpr long long kChunked = -1;      // Transfer-Encoding: chunked (HTTP/1.1)
-constexpr long long kUntilClose = -2;   // the connection closes (HTTP/1.0 streaming)
+constexpr long long kChunked = -1;     // Transfer-Encoding: chunked (HTTP/1.1)
+constexpr long long kUntilClose = -2;  // the connection closes (HTTP/1.0 streaming)
 
 // The status line and header fields, ending with the blank line; `body_bytes` is the
 // Content-Length, or kChunked / kUntilClose.

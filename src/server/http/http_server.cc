@@ -110,9 +110,9 @@ Expected<int> HttpServer::Listen() {
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int port = ntohs(bound.ss_family == AF_INET6
-                             ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
 
   // Leave room for the model file, logs and the engine's own descriptors.
   max_connections_ = std::max(1, std::min(options_.max_connections, RaiseFileLimit() - 64));
@@ -384,8 +384,8 @@ void HttpServer::Dispatch(Conn* c) {
   SetEvents(c, 0);
   c->phase = Conn::Phase::kDispatched;
   ++c->served;
-  c->keep_alive = c->parser.keep_alive() && !c->peer_closed &&
-                  c->served < options_.max_requests_per_connection;
+  c->keep_alive =
+      c->parser.keep_alive() && !c->peer_closed && c->served < options_.max_requests_per_connection;
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back(c);
@@ -420,8 +420,8 @@ void HttpServer::OnReturned(Conn* c, Clock::time_point now) {
 
 void HttpServer::Flush(Conn* c, Clock::time_point now) {
   while (c->out_sent < c->out.size()) {
-    const ssize_t n = send(c->fd, c->out.data() + c->out_sent, c->out.size() - c->out_sent,
-                           MSG_NOSIGNAL);
+    const ssize_t n =
+        send(c->fd, c->out.data() + c->out_sent, c->out.size() - c->out_sent, MSG_NOSIGNAL);
     if (n > 0) {
       c->out_sent += static_cast<size_t>(n);
       c->deadline = now + options_.write_timeout;  // progress
@@ -488,10 +488,14 @@ bool HttpServer::EvictOne() {
   // then the response that has waited longest for its client to read it.
   const auto rank = [](const Conn& c) {
     switch (c.phase) {
-      case Conn::Phase::kIdle: return 0;
-      case Conn::Phase::kReading: return 1;
-      case Conn::Phase::kWriting: return 2;
-      default: return 3;  // a worker holds it
+      case Conn::Phase::kIdle:
+        return 0;
+      case Conn::Phase::kReading:
+        return 1;
+      case Conn::Phase::kWriting:
+        return 2;
+      default:
+        return 3;  // a worker holds it
     }
   };
   Conn* victim = nullptr;
@@ -573,8 +577,8 @@ void HttpServer::Serve(Conn* c) {
       return ok;
     }
     void SetDeadline(Clock::time_point deadline) override {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-          deadline.time_since_epoch());
+      const auto ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch());
       c->body_deadline_ns = std::max<int64_t>(1, ns.count());  // 0 means none
     }
   } writer;

@@ -39,14 +39,14 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port
   Limits limits;
-  int worker_threads = 16;    // handlers running at once (each streamed response holds one);
-                              // started as the load needs them
+  int worker_threads = 16;     // handlers running at once (each streamed response holds one);
+                               // started as the load needs them
   int max_connections = 4096;  // open at once (also capped by the process's file limit)
   size_t max_buffered_body_bytes = size_t{256} << 20;  // body bytes received, not yet handled
-  std::chrono::milliseconds header_timeout{10000};      // the whole head, from its first byte
-  std::chrono::milliseconds body_timeout{60000};        // the whole body, from the head's end
-  std::chrono::milliseconds idle_timeout{5000};         // between keep-alive requests
-  std::chrono::milliseconds write_timeout{30000};       // a response making no progress
+  std::chrono::milliseconds header_timeout{10000};     // the whole head, from its first byte
+  std::chrono::milliseconds body_timeout{60000};       // the whole body, from the head's end
+  std::chrono::milliseconds idle_timeout{5000};        // between keep-alive requests
+  std::chrono::milliseconds write_timeout{30000};      // a response making no progress
   int max_requests_per_connection = 1000;
   int socket_send_buffer = 0;  // SO_SNDBUF of each connection (0: the system's autotuning)
 };
@@ -133,7 +133,7 @@ class HttpServer {
   std::condition_variable done_cv_;  // dispatched_ went down
   std::deque<Conn*> jobs_;
   std::vector<Conn*> returned_;
-  int dispatched_ = 0;  // connections a worker holds or will
+  int dispatched_ = 0;    // connections a worker holds or will
   int idle_workers_ = 0;  // started workers not serving a job
   bool stop_accepting_ = false;
   bool workers_quit_ = false;

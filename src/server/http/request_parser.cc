@@ -40,7 +40,9 @@ bool ListHas(std::string_view value, std::string_view token) {
 }
 
 // The end of the next line at or after `from` (the index of its '\n'), or npos.
-size_t LineEnd(const std::string& buf, size_t from) { return buf.find('\n', from); }
+size_t LineEnd(const std::string& buf, size_t from) {
+  return buf.find('\n', from);
+}
 
 // A line without its terminator ("\r\n" or a bare "\n").
 std::string_view LineAt(const std::string& buf, size_t from, size_t newline) {
@@ -51,7 +53,9 @@ std::string_view LineAt(const std::string& buf, size_t from, size_t newline) {
 
 }  // namespace
 
-void RequestParser::Reset() { *this = RequestParser(limits_); }
+void RequestParser::Reset() {
+  *this = RequestParser(limits_);
+}
 
 RequestParser::State RequestParser::Fail(int status, std::string message) {
   error_status_ = status;
@@ -96,8 +100,8 @@ RequestParser::State RequestParser::Parse(std::string* buf) {
       return State::kNeedMore;
     }
     if (end > limits_.max_head_bytes) {
-      return Fail(431, "The request head is larger than " +
-                           std::to_string(limits_.max_head_bytes) + " bytes.");
+      return Fail(431, "The request head is larger than " + std::to_string(limits_.max_head_bytes) +
+                           " bytes.");
     }
     const State head = ParseHead(std::string_view(*buf).substr(0, end));
     buf->erase(0, end);

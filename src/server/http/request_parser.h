@@ -27,7 +27,7 @@ class RequestParser {
   // For the next request on the same connection.
   void Reset();
 
-  bool started() const { return started_; }    // some byte of this request has arrived
+  bool started() const { return started_; }  // some byte of this request has arrived
   bool head_done() const { return phase_ != Phase::kHead; }
   // The head asked "Expect: 100-continue" and the body has not started.
   bool wants_continue() const { return expect_continue_ && !continue_sent_; }
