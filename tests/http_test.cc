@@ -115,7 +115,8 @@ TEST(RequestParser, LimitsAreCheckedBeforeBuffering) {
   small.max_body_bytes = 100;
   // A head that never ends is refused once it passes the limit, not when it ends.
   RequestParser p(small);
-  std::string buf = "GET / HTTP/1.1\r\nX: " + std::string(300, 'a');
+  std::string buf = "GET / HTTP/1.1\r\nX: ";
+  buf.append(300, 'a');  // (not literal + string: GCC 12 warns falsely of overlap there)
   EXPECT_EQ(p.Parse(&buf), State::kError);
   EXPECT_EQ(p.error_status(), 431);
   std::string many = "GET / HTTP/1.1\r\n";

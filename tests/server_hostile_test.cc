@@ -179,7 +179,9 @@ TEST_F(HostileTest, DecompressionBombGets413WithoutGrowingMemory) {
   EXPECT_NE(reply.find("decompressed"), std::string::npos);
   EXPECT_NE(reply.find("\"error\""), std::string::npos);  // OpenAI-shaped
   // The limit (8 MiB) bounds what inflating may take; 512 MiB would show.
-  if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{48} << 20);
+  if (kRssMeaningful) {
+    EXPECT_LT(RssBytes() - before, int64_t{48} << 20);
+  }
   // A real compressed request still works.
   const std::string body = Gzip(R"({"prompt":"Once upon a time","max_tokens":2})");
   EXPECT_EQ(StatusOf(RawCall(port_,
@@ -371,7 +373,9 @@ TEST_F(HostileTest, StreamedLogprobsAreNotKept) {
   EXPECT_EQ(entries, 1200u);  // every token of both choices came with its alternatives
   // ~36 KB a token were kept before (40+ MiB here); now nothing of a token outlives its chunk.
   // (tests/serve_hostile_test.sh measures the issue's n 2 x 1,500 tokens on the process.)
-  if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{8} << 20);
+  if (kRssMeaningful) {
+    EXPECT_LT(RssBytes() - before, int64_t{8} << 20);
+  }
   // Non-streamed, the same request is still served (in compact form).
   json plain = req;
   plain["stream"] = false;
@@ -457,7 +461,9 @@ TEST_F(HostileTest, NestedJsonAndHugeEchoesAreRefusedCheaply) {
                                         std::to_string(deep.size()) + "\r\n\r\n" + deep);
   EXPECT_EQ(StatusOf(reply), 400) << reply;
   EXPECT_NE(reply.find("deeper than 64"), std::string::npos) << reply;
-  if (kRssMeaningful) EXPECT_LT(RssBytes() - before, int64_t{64} << 20);
+  if (kRssMeaningful) {
+    EXPECT_LT(RssBytes() - before, int64_t{64} << 20);
+  }
   // A 1 MiB model name is not echoed whole.
   const std::string body = json{{"model", std::string(1 << 20, 'm')}, {"prompt", "x"}}.dump();
   auto r = Client()->Post("/v1/completions", body, "application/json");
