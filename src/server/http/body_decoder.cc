@@ -2,20 +2,8 @@
 
 #include <zlib.h>
 
-#include <algorithm>
-#include <cctype>
-
 namespace kvs::server::http {
 namespace {
-
-std::string LowerTrimmed(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
-  std::string out = s.substr(b, e - b);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 // Inflates `in` (zlib's window_bits chooses gzip, zlib or raw deflate) into *out, stopping with
 // 413 as soon as the output would pass `limit`.
@@ -59,7 +47,7 @@ DecodeError Inflate(const std::string& in, int window_bits, size_t limit, std::s
 DecodeError DecodeBody(Request* request, size_t max_decoded_bytes) {
   const std::string* header = request->Find("content-encoding");
   if (!header) return {};
-  const std::string coding = LowerTrimmed(*header);
+  const std::string coding = AsciiLower(TrimBlanks(*header));
   if (coding.empty() || coding == "identity") return {};
   int window_bits = 0;
   if (coding == "gzip" || coding == "x-gzip") {

@@ -1,8 +1,21 @@
 #include "server/http/http_message.h"
 
+#include <cctype>
 #include <cstdio>
 
 namespace kvs::server::http {
+
+std::string AsciiLower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view TrimBlanks(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
 
 const char* ReasonPhrase(int status) {
   switch (status) {

@@ -67,6 +67,10 @@ struct Response {
   std::function<void(BodyWriter&)> stream;
 };
 
+// Header values compare case-insensitively, less surrounding spaces and tabs.
+std::string AsciiLower(std::string_view s);
+std::string_view TrimBlanks(std::string_view s);
+
 // "OK", "Not Found", ... ("Unknown" for a status without one here).
 const char* ReasonPhrase(int status);
 

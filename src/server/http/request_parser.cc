@@ -6,18 +6,6 @@
 namespace kvs::server::http {
 namespace {
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 // RFC 9110 token characters (method and header names).
 bool IsTokenChar(unsigned char c) {
   return std::isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
@@ -33,7 +21,7 @@ bool ListHas(std::string_view value, std::string_view token) {
   while (start <= value.size()) {
     size_t end = value.find(',', start);
     if (end == std::string_view::npos) end = value.size();
-    if (Lower(Trim(value.substr(start, end - start))) == token) return true;
+    if (AsciiLower(TrimBlanks(value.substr(start, end - start))) == token) return true;
     start = end + 1;
   }
   return false;
@@ -144,7 +132,7 @@ RequestParser::State RequestParser::ParseRequestLine(std::string_view line) {
     if (c <= 0x20 || c == 0x7f) return Fail(400, "Malformed request target.");
   }
   // Absolute form (sent to proxies, allowed to servers): keep the path.
-  if (target.size() > 7 && Lower(target.substr(0, 7)) == "http://") {
+  if (target.size() > 7 && AsciiLower(target.substr(0, 7)) == "http://") {
     const size_t slash = target.find('/', 7);
     target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
   }
@@ -175,14 +163,14 @@ RequestParser::State RequestParser::ParseHead(std::string_view head) {
     if (colon == std::string_view::npos || !IsToken(line.substr(0, colon))) {
       return Fail(400, "Malformed header field.");
     }
-    const std::string_view value = Trim(line.substr(colon + 1));
+    const std::string_view value = TrimBlanks(line.substr(colon + 1));
     for (unsigned char c : value) {
       if ((c < 0x20 && c != '\t') || c == 0x7f) return Fail(400, "Malformed header value.");
     }
     if (request_.headers.size() >= limits_.max_headers) {
       return Fail(431, "More than " + std::to_string(limits_.max_headers) + " header fields.");
     }
-    request_.headers.push_back({Lower(line.substr(0, colon)), std::string(value)});
+    request_.headers.push_back({AsciiLower(line.substr(0, colon)), std::string(value)});
   }
 
   // Framing. Content-Length and Transfer-Encoding together, or Content-Lengths that differ,
@@ -205,14 +193,14 @@ RequestParser::State RequestParser::ParseHead(std::string_view head) {
       if (ListHas(h.value, "close")) keep_alive_ = false;
       if (request_.minor_version == 0 && !ListHas(h.value, "keep-alive")) keep_alive_ = false;
     } else if (h.name == "expect") {
-      if (Lower(h.value) != "100-continue") return Fail(417, "Only 'Expect: 100-continue'.");
+      if (AsciiLower(h.value) != "100-continue") return Fail(417, "Only 'Expect: 100-continue'.");
       expect_continue_ = request_.minor_version >= 1;  // HTTP/1.0 has no interim responses
     }
   }
   if (request_.minor_version == 0 && !request_.Find("connection")) keep_alive_ = false;
   if (!transfer_encoding.empty()) {
     if (has_length) return Fail(400, "Both Content-Length and Transfer-Encoding.");
-    if (Lower(Trim(transfer_encoding)) != "chunked" || request_.minor_version == 0) {
+    if (AsciiLower(TrimBlanks(transfer_encoding)) != "chunked" || request_.minor_version == 0) {
       return Fail(501, "Transfer-Encoding '" + transfer_encoding + "' is not supported.");
     }
     phase_ = Phase::kChunkSize;
@@ -248,7 +236,7 @@ RequestParser::State RequestParser::ParseChunked(std::string* buf, size_t* pos) 
         }
         std::string_view line = LineAt(*buf, *pos, nl);
         line = line.substr(0, line.find(';'));  // chunk extensions are ignored
-        line = Trim(line);
+        line = TrimBlanks(line);
         if (line.empty() || line.size() > 15 ||
             !std::all_of(line.begin(), line.end(), [](char c) { return std::isxdigit(c); })) {
           return Fail(400, "Malformed chunk size.");
