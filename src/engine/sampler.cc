@@ -39,32 +39,50 @@ int32_t ArgMax(const float* logits, int32_t n) {
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed), counts_(n_vocab, 0) {}
 
-void Sampler::ApplyPenalties(std::vector<float>& logits, std::span<const int32_t> history) {
+void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> history,
+                             std::span<const int32_t> in_flight) {
   const bool any = params_.repeat_penalty != 1.f || params_.frequency_penalty != 0.f ||
                    params_.presence_penalty != 0.f;
-  if (!any || history.empty() || params_.repeat_last_n == 0) return;
-  size_t window = params_.repeat_last_n < 0
-                      ? history.size()
-                      : std::min<size_t>(history.size(), params_.repeat_last_n);
-  std::span<const int32_t> recent = history.subspan(history.size() - window);
+  const size_t n = history.size() + in_flight.size();
+  if (!any || n == 0 || params_.repeat_last_n == 0) return;
+  // The window is the last repeat_last_n of history + in_flight, taken from both without
+  // building the concatenation.
+  const size_t window = params_.repeat_last_n < 0 ? n : std::min<size_t>(n, params_.repeat_last_n);
+  const size_t from_flight = std::min(window, in_flight.size());
+  const std::span<const int32_t> parts[] = {
+      history.subspan(history.size() - (window - from_flight)),
+      in_flight.subspan(in_flight.size() - from_flight)};
   std::vector<int32_t>& counts = counts_;  // all zero between calls
-  for (int32_t t : recent) {
-    if (t >= 0 && t < n_vocab_) ++counts[t];
+  for (std::span<const int32_t> part : parts) {
+    for (int32_t t : part) {
+      if (t >= 0 && t < n_vocab_) ++counts[t];
+    }
   }
-  for (int32_t t : recent) {
-    if (t < 0 || t >= n_vocab_ || counts[t] == 0) continue;
-    float& l = logits[t];
-    if (params_.repeat_penalty != 1.f)
-      l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
-    l -= counts[t] * params_.frequency_penalty + params_.presence_penalty;
-    counts[t] = 0;  // each distinct token penalized once
+  for (std::span<const int32_t> part : parts) {
+    for (int32_t t : part) {
+      if (t < 0 || t >= n_vocab_ || counts[t] == 0) continue;
+      float& l = logits[t];
+      if (params_.repeat_penalty != 1.f)
+        l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+      l -= counts[t] * params_.frequency_penalty + params_.presence_penalty;
+      counts[t] = 0;  // each distinct token penalized once
+    }
   }
 }
 
-int32_t Sampler::Sample(const float* logits, std::span<const int32_t> history) {
+void Sampler::Process(const float* logits, std::span<const int32_t> history,
+                      std::span<const int32_t> in_flight) {
   work_.assign(logits, logits + n_vocab_);
-  ApplyPenalties(work_, history);
-  if (params_.temperature <= 0.f) return ArgMax(work_.data(), n_vocab_);
+  ApplyPenalties(work_, history, in_flight);
+  if (params_.temperature <= 0.f) {
+    const int32_t best = ArgMax(work_.data(), n_vocab_);
+    candidates_.resize(1);
+    candidates_[0] = {best, work_[best]};
+    weights_.assign(1, 1.0);
+    keep_ = 1;
+    total_ = 1.0;
+    return;
+  }
 
   candidates_.resize(n_vocab_);
   for (int32_t i = 0; i < n_vocab_; ++i) candidates_[i] = {i, work_[i]};
@@ -82,7 +100,8 @@ int32_t Sampler::Sample(const float* logits, std::span<const int32_t> history) {
 
   // Probabilities at temperature 1 decide top-p and min-p, as llama.cpp's default chain does;
   // temperature then reshapes the survivors.
-  std::vector<double> probs(keep);
+  std::vector<double>& probs = weights_;
+  probs.resize(keep);
   const double max_logit = candidates_[0].logit;
   double sum = 0;
   for (size_t i = 0; i < keep; ++i) sum += probs[i] = std::exp(candidates_[i].logit - max_logit);
@@ -109,13 +128,76 @@ int32_t Sampler::Sample(const float* logits, std::span<const int32_t> history) {
     probs[i] = std::exp((candidates_[i].logit - max_logit) / params_.temperature);
     total += probs[i];
   }
+  // At a low temperature the tail's probabilities can round to 0 as floats (weights fall with the
+  // logits, so these are a suffix). They go, so that the distribution lists only tokens with
+  // p > 0 and every token drawn is listed. The total keeps their weight, so the draw's arithmetic
+  // is unchanged: after exact subtractions r is 0 or far above such a weight, so only a draw
+  // landing exactly on the last listed token's end (or the rounding fallback) differs, now taking
+  // the last listed token instead of one with p = 0.
+  while (keep > 1 && static_cast<float>(probs[keep - 1] / total) == 0) --keep;
+  keep_ = keep;
+  total_ = total;
+}
+
+double Sampler::Uniform() {
   // 53 random bits -> [0, 1): portable, unlike std::uniform_real_distribution.
-  double r = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
-  for (size_t i = 0; i < keep; ++i) {
-    r -= probs[i];
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::DrawProcessed() {
+  if (params_.temperature <= 0.f) return candidates_[0].id;  // greedy uses no randomness
+  double r = Uniform() * total_;
+  for (size_t i = 0; i < keep_; ++i) {
+    r -= weights_[i];
     if (r < 0) return candidates_[i].id;
   }
-  return candidates_[keep - 1].id;
+  return candidates_[keep_ - 1].id;
+}
+
+std::span<const TokenProb> Sampler::PublishProcessed() {
+  // Each p is the float nearest the weight the draw uses, so the draw follows this list up to
+  // float rounding.
+  probs_.resize(keep_);
+  for (size_t i = 0; i < keep_; ++i) {
+    probs_[i] = {candidates_[i].id, static_cast<float>(weights_[i] / total_)};
+  }
+  return probs_;
+}
+
+int32_t Sampler::Sample(const float* logits, std::span<const int32_t> history,
+                        std::span<const int32_t> in_flight) {
+  Process(logits, history, in_flight);
+  return DrawProcessed();
+}
+
+SampledToken Sampler::SampleWithDistribution(const float* logits, std::span<const int32_t> history,
+                                             std::span<const int32_t> in_flight) {
+  Process(logits, history, in_flight);
+  const int32_t token = DrawProcessed();
+  return {token, PublishProcessed()};
+}
+
+std::span<const TokenProb> Sampler::Distribution(const float* logits,
+                                                 std::span<const int32_t> history,
+                                                 std::span<const int32_t> in_flight) {
+  Process(logits, history, in_flight);
+  return PublishProcessed();
+}
+
+int32_t Sampler::Draw(std::span<const TokenProb> probs) {
+  double total = 0;
+  for (const TokenProb& tp : probs) {
+    if (tp.p > 0) total += tp.p;
+  }
+  double r = Uniform() * total;
+  int32_t last = -1;
+  for (const TokenProb& tp : probs) {
+    if (!(tp.p > 0)) continue;
+    last = tp.id;
+    r -= tp.p;
+    if (r < 0) return tp.id;
+  }
+  return last;  // rounding left r >= 0 past the end: the last positive entry (-1 if none)
 }
 
 }  // namespace kvs
