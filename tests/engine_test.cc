@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "engine/engine.h"
+#include "engine/engine_builder.h"
 #include "engine/key_offsets.h"
-#include "engine/model_runner.h"
 #include "testing/test_models.h"
 
 namespace kvs {
@@ -37,13 +37,10 @@ Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& promp
               EngineConfig cfg, int32_t max_tokens, int32_t rounds = 1, KvTypes types = {}) {
   ThreadPool pool(2);
   cfg.verify_each_step = true;
-  KeyCoding key_coding;
-  if (KvTypeIsQuantized(types.k)) {
-    key_coding =
-        MeasureKeyCoding(model, pool, KeyCalibrationTokens(nullptr, 512), types.k, cfg.n_ctx);
-  }
-  ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks, types, std::move(key_coding));
-  Engine engine(cfg, runner);
+  auto local = EngineBuilder(model, nullptr, pool, {.types = types}).Local(cfg);
+  EXPECT_TRUE(local.ok()) << local.error();
+  if (!local.ok()) return {};
+  Engine& engine = *local->engine;
   Outcome out;
   out.tokens.resize(prompts.size());
   for (int32_t round = 0; round < rounds; ++round) {
@@ -159,8 +156,9 @@ TEST_F(BatchedEqualsAlone, ForkedChoicesMatchTheirPromptAlone) {
   ThreadPool pool(2);
   EngineConfig cfg = Config(4, 512, 64);
   cfg.verify_each_step = true;
-  ModelRunner runner(*model_, pool, cfg.block_size, cfg.n_blocks);
-  Engine engine(cfg, runner);
+  auto local = EngineBuilder(*model_, nullptr, pool).Local(cfg);
+  ASSERT_TRUE(local.ok()) << local.error();
+  Engine& engine = *local->engine;
   std::map<int32_t, std::vector<int32_t>> choices;
   RequestOptions o;
   o.sampling.temperature = 0;

@@ -44,16 +44,18 @@ struct Layer {
     if (offset != nullptr) {
       offsets.assign(offset, offset + kHeads * hd);
       view.k_offset = offsets.data();
-      view.k_offset_follows_rope = follow_rope;
+      view.key_coding = follow_rope ? KeyCodingKind::kRopeOffset : KeyCodingKind::kConstantOffset;
     }
     if (whitened != nullptr) {
       whitening = *whitened;
       view.k_whitening = whitening.data();
+      view.key_coding = KeyCodingKind::kWhitened;
     }
     if (view.NeedsRopeTable()) {
       table.resize(static_cast<size_t>(n_blocks) * rope.n_rot * kKvBlockTokens);
       FillRopeTable(rope, 0, n_blocks, table.data());
       view.rope_table = table.data();
+      view.rope_positions = n_blocks * kKvBlockTokens;
       view.n_rot = rope.n_rot;
       view.rope_neox = rope.neox;
     }

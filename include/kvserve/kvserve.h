@@ -44,6 +44,8 @@ class Model {
   int32_t n_vocab() const;
   int32_t n_ctx_train() const;
   const std::string& name() const;
+  // 32 hex digits: a digest of the whole GGUF file as loaded (any changed byte changes it).
+  std::string weights_digest() const;
   // KV bytes per position (all layers, K and V, scales included) with the given cache types;
   // -1 if a type is unknown or cannot hold this model's head size.
   double kv_bytes_per_token(const std::string& cache_type_k = "f16",
@@ -75,6 +77,9 @@ struct EngineOptions {
   // fp8, turbo4, turbo3.
   std::string cache_type_k = "f16";
   std::string cache_type_v = "f16";
+  // --kv-calibration: text whose keys decide how a quantized K type codes keys (empty: a
+  // built-in paragraph). Part of the KV format fingerprint.
+  std::string kv_calibration_file;
 };
 
 struct GenerationOptions {
@@ -143,6 +148,10 @@ class Engine {
   void CancelAll();
   EngineStats stats() const;
   const EngineOptions& options() const;  // with the resolved KV memory
+  // The KV format in one line (types, key coding, calibration, fingerprint), and its
+  // fingerprint alone (32 hex digits).
+  std::string kv_format() const;
+  std::string kv_format_fingerprint() const;
 
   struct Impl;
 

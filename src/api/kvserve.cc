@@ -11,8 +11,7 @@
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
-#include "engine/key_offsets.h"
-#include "engine/model_runner.h"
+#include "engine/engine_builder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvserve {
@@ -79,6 +78,9 @@ int32_t Model::n_ctx_train() const {
 const std::string& Model::name() const {
   return impl_->model->config().name;
 }
+std::string Model::weights_digest() const {
+  return impl_->model->weights_digest().Hex();
+}
 namespace {
 
 kvs::Expected<kvs::KvGeometry> CacheGeometry(const kvs::ModelConfig& c, int32_t block_size,
@@ -102,24 +104,21 @@ double Model::kv_bytes_per_token(const std::string& cache_type_k,
 
 namespace {
 
-// What a cached block's KV depends on besides its tokens: the model's weights and the KV types.
-std::string ModelFingerprint(const kvs::Model& m) {
-  const kvs::ModelConfig& c = m.config();
-  return kvs::StrFormat("%s|%d|%d|%d|%d|%zu", c.name.c_str(), c.n_vocab, c.n_layer, c.n_embd,
-                        c.n_head_kv, m.WeightBytesPerToken());
+// What a cached block's bytes depend on besides its tokens: the weights (their digest), the KV
+// format (its fingerprint, which covers the block size too), and the request's salt.
+kvs::BlockHash CacheKey(const kvs::Digest128& weights, const kvs::KvFormat& format,
+                        const std::string& salt) {
+  return kvs::PrefixCacheKey(
+      "weights:" + weights.Hex(),
+      kvs::StrFormat("kv:%s|block:%d", format.fingerprint().Hex().c_str(), format.block_size()),
+      salt);
 }
 
-kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& model,
-                                     const EngineOptions& engine) {
+kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Digest128& weights,
+                                     const kvs::KvFormat& format,
+                                     const std::vector<int32_t>& end_of_generation) {
   kvs::RequestOptions r;
-  // Quantized keys are stored less offsets from the model and, where they are constant, the
-  // context size (key_offsets.h).
-  std::string kv_types = "k:" + engine.cache_type_k + ",v:" + engine.cache_type_v;
-  if (auto k = kvs::ParseKvType(engine.cache_type_k);
-      k.ok() && kvs::KvTypeIsQuantized(*k) && !kvs::KvKeyOffsetFollowsRope(*k)) {
-    kv_types += ",k_offsets_ctx:" + std::to_string(engine.n_ctx);
-  }
-  r.cache_key = kvs::PrefixCacheKey(ModelFingerprint(*model.impl().model), kv_types, g.cache_salt);
+  r.cache_key = CacheKey(weights, format, g.cache_salt);
   r.max_tokens = g.max_tokens;
   r.n = g.n;
   r.priority = g.priority;
@@ -135,9 +134,7 @@ kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const Model& mo
   r.stop_ids = g.stop_tokens;
   r.logprobs = g.logprobs;
   if (!g.ignore_eos) {
-    for (int32_t id = 0; id < model.n_vocab(); ++id) {
-      if (model.IsEndOfGeneration(id)) r.stop_ids.push_back(id);
-    }
+    r.stop_ids.insert(r.stop_ids.end(), end_of_generation.begin(), end_of_generation.end());
   }
   return r;
 }
@@ -148,6 +145,8 @@ struct Engine::Impl {
   std::shared_ptr<const Model> model;
   EngineOptions options;
   std::unique_ptr<kvs::ThreadPool> pool;
+  kvs::KvFormatPtr kv_format;
+  std::vector<int32_t> end_of_generation;  // the model's end-of-generation tokens, found once
   std::unique_ptr<kvs::AsyncEngine> engine;
 };
 
@@ -216,20 +215,38 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   }
   o.threads = kvs::ThreadPool::ResolveThreadCount(o.threads);
   impl->pool = std::make_unique<kvs::ThreadPool>(o.threads);
+  const kvs::Model& m = *model->impl().model;
+  const kvs::Tokenizer* tokenizer = model->impl().tokenizer.get();
+  kvs::KvFormatOptions kv;
+  kv.types = {geometry.k_type, geometry.v_type};
+  if (!o.kv_calibration_file.empty()) {
+    auto tokens = kvs::CalibrationTokensFromFile(o.kv_calibration_file, *tokenizer);
+    if (!tokens.ok()) {
+      *error = tokens.error();
+      return nullptr;
+    }
+    kv.calibration_tokens = std::move(*tokens);
+    kv.calibration_source = o.kv_calibration_file;
+  }
+  for (int32_t id = 0; id < mc.n_vocab; ++id) {
+    if (tokenizer->IsEndOfGeneration(id)) impl->end_of_generation.push_back(id);
+  }
   // The KV cache is allocated here, all at once: under a memory limit (ulimit -v, a container)
   // that can fail even below the available RAM, which is a bad option, not a crash.
   try {
-    kvs::KeyCoding key_coding;
-    if (kvs::KvTypeIsQuantized(geometry.k_type)) {
-      key_coding = kvs::MeasureKeyCoding(
-          *model->impl().model, *impl->pool,
-          kvs::KeyCalibrationTokens(model->impl().tokenizer.get(), mc.n_vocab), geometry.k_type,
-          o.n_ctx);
+    kvs::EngineBuilder builder(m, tokenizer, *impl->pool, std::move(kv));
+    auto format = builder.Format(ec.block_size, ec.n_ctx);
+    if (!format.ok()) {
+      *error = format.error();
+      return nullptr;
     }
-    auto runner = std::make_unique<kvs::ModelRunner>(
-        *model->impl().model, *impl->pool, ec.block_size, ec.n_blocks,
-        kvs::KvTypes{geometry.k_type, geometry.v_type}, std::move(key_coding));
-    impl->engine = std::make_unique<kvs::AsyncEngine>(ec, std::move(runner));
+    impl->kv_format = *format;
+    auto engine = builder.Async(ec);
+    if (!engine.ok()) {
+      *error = engine.error();
+      return nullptr;
+    }
+    impl->engine = std::move(*engine);
   } catch (const std::bad_alloc&) {
     *error = kvs::StrFormat("cannot allocate the KV cache (%.2f GiB): lower --kv-memory or -np",
                             o.kv_memory_bytes / double(1 << 30));
@@ -263,7 +280,9 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     if (on_token) on_token(out);
   };
   auto id = impl_->engine->Submit(std::move(prompt),
-                                  ToRequestOptions(options, model, impl_->options), callback);
+                                  ToRequestOptions(options, model.impl().model->weights_digest(),
+                                                   *impl_->kv_format, impl_->end_of_generation),
+                                  callback);
   if (!id.ok()) {
     *error = id.error();
     return 0;
@@ -297,6 +316,14 @@ EngineStats Engine::stats() const {
 
 const EngineOptions& Engine::options() const {
   return impl_->options;
+}
+
+std::string Engine::kv_format() const {
+  return impl_->kv_format->Describe();
+}
+
+std::string Engine::kv_format_fingerprint() const {
+  return impl_->kv_format->fingerprint().Hex();
 }
 
 }  // namespace kvserve

@@ -12,9 +12,7 @@
 #include "cli/engine_flags.h"
 #include "core/aligned.h"
 #include "core/thread_pool.h"
-#include "engine/key_offsets.h"
-#include "engine/model_runner.h"
-#include "engine/single_sequence.h"
+#include "engine/engine_builder.h"
 #include "kernels/kv_types.h"
 #include "tokenizer/tokenizer.h"
 
@@ -79,14 +77,15 @@ int RunSpeed(const SpeedArgs& a) {
   }
   const int32_t threads = ThreadPool::ResolveThreadCount(a.threads);
   ThreadPool pool(threads);
-  KeyCoding key_coding;
   const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
-  if (KvTypeIsQuantized(types.k)) {
-    auto tok = Tokenizer::FromGguf((*model)->file());
-    key_coding = MeasureKeyCoding(
-        **model, pool, KeyCalibrationTokens(tok ? tok->get() : nullptr, c.n_vocab), types.k, n_ctx);
+  auto tok = Tokenizer::FromGguf((*model)->file());
+  auto made =
+      EngineBuilder(**model, tok ? tok->get() : nullptr, pool, {.types = types}).Single(n_ctx);
+  if (!made) {
+    std::fprintf(stderr, "error: %s\n", made.error().c_str());
+    return 1;
   }
-  SingleSequence forward(**model, pool, n_ctx, types, std::move(key_coding));
+  SingleSequence& forward = **made;
   std::vector<float> logits(c.n_vocab);
   // Random tokens, as llama-bench uses: the content does not change the work done.
   std::mt19937 rng(1234);

@@ -16,7 +16,7 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "engine/engine.h"
-#include "engine/model_runner.h"
+#include "engine/engine_builder.h"
 #include "kvserve/kvserve.h"
 
 namespace kvs::cli {
@@ -102,8 +102,8 @@ Expected<MemoryResult> ServeWorkload(const Model& model, const std::vector<Job>&
   cfg.n_blocks = static_cast<int32_t>(a.kv_contexts * a.n_ctx / a.block_size) + 1;
   cfg.reserve_full_context = contiguous;
   KVS_RETURN_IF_ERROR(cfg.Validate());
-  ModelRunner runner(model, pool, cfg.block_size, cfg.n_blocks);
-  Engine engine(cfg, runner);
+  KVS_ASSIGN_OR_RETURN(LocalEngine local, EngineBuilder(model, nullptr, pool).Local(cfg));
+  Engine& engine = *local.engine;
   int64_t output_tokens = 0, prompt_tokens = 0;
   for (const Job& job : jobs) {
     RequestOptions o;

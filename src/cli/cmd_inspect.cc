@@ -4,7 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
-#include "engine/model_runner.h"
+#include "engine/kv_format_factory.h"
 #include "kernels/kv_types.h"
 #include "model/weights.h"
 

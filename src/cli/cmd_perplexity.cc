@@ -6,6 +6,7 @@
 #include "cli/engine_flags.h"
 #include "core/thread_pool.h"
 #include "engine/key_offsets.h"
+#include "engine/kv_format_factory.h"
 #include "engine/perplexity.h"
 #include "kernels/kv_types.h"
 #include "tokenizer/tokenizer.h"
@@ -22,6 +23,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
     std::string cache_type_k = "f32", cache_type_v = "f32";
     bool kl_base = false;
     std::string kl_base_type = "f32";
+    std::string kv_calibration;
     kvserve::ModelOptions model_options;
   };
   auto a = std::make_shared<Args>();
@@ -51,11 +53,12 @@ Runner AddPerplexityCommand(CLI::App& root) {
                   "KV cache type (K and V) of the --kl-base run: f32, f16 or bf16 (f16 matches "
                   "llama-perplexity's base with flash attention)")
       ->capture_default_str();
+  cmd->add_option("--kv-calibration", a->kv_calibration, kKvCalibrationHelp);
   cmd->add_flag("--json", a->json, "Print one JSON object with the result");
   return [a]() -> int {
     PerplexityOptions options;
-    for (auto [name, type] : {std::pair{&a->cache_type_k, &options.kv_types.k},
-                              std::pair{&a->cache_type_v, &options.kv_types.v}}) {
+    for (auto [name, type] : {std::pair{&a->cache_type_k, &options.kv.types.k},
+                              std::pair{&a->cache_type_v, &options.kv.types.v}}) {
       auto parsed = ParseKvType(*name);
       if (!parsed) {
         std::fprintf(stderr, "error: %s\n", parsed.error().c_str());
@@ -93,7 +96,18 @@ Runner AddPerplexityCommand(CLI::App& root) {
     options.n_ctx = a->n_ctx;
     options.bos_id = bos;
     options.kl_base = a->kl_base;
-    options.calibration_tokens = KeyCalibrationTokens((*tok).get(), (*model)->config().n_vocab);
+    if (!a->kv_calibration.empty()) {
+      auto calibration = CalibrationTokensFromFile(a->kv_calibration, **tok);
+      if (!calibration) {
+        std::fprintf(stderr, "error: %s\n", calibration.error().c_str());
+        return 1;
+      }
+      options.kv.calibration_tokens = std::move(*calibration);
+      options.kv.calibration_source = a->kv_calibration;
+    } else {
+      options.kv.calibration_tokens =
+          KeyCalibrationTokens((*tok).get(), (*model)->config().n_vocab);
+    }
     auto r = ComputePerplexity(**model, ids, options, pool, [&](int32_t i, double ppl) {
       if (!a->json) std::fprintf(stderr, "[%d] %.4f\n", i + 1, ppl);
     });
@@ -109,8 +123,8 @@ Runner AddPerplexityCommand(CLI::App& root) {
       const ModelConfig& c = (*model)->config();
       j["cache_type_k"] = a->cache_type_k;
       j["cache_type_v"] = a->cache_type_v;
-      j["bits_k"] = KvBitsPerElement(options.kv_types.k, c.head_dim_k);
-      j["bits_v"] = KvBitsPerElement(options.kv_types.v, c.head_dim_v);
+      j["bits_k"] = KvBitsPerElement(options.kv.types.k, c.head_dim_k);
+      j["bits_v"] = KvBitsPerElement(options.kv.types.v, c.head_dim_v);
       if (r->has_base) {
         j["base_cache_type"] = a->kl_base_type;
         j["base_ppl"] = r->base_ppl;

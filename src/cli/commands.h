@@ -35,6 +35,10 @@ bool ResolveModelPath(std::string& path);
 // exhausting memory.
 inline constexpr int64_t kMaxInputFileBytes = int64_t{64} << 20;
 inline constexpr const char* kInputFileHelp = "a regular file of at most 64 MiB";
+inline constexpr const char* kKvCalibrationHelp =
+    "Text to measure how quantized keys are coded on (its first 512 tokens; default: a built-in "
+    "paragraph of English prose). Part of the KV format: caches calibrated differently never "
+    "share blocks";
 
 // -t's help; the count goes through ThreadPool::ResolveThreadCount, which clamps it.
 inline constexpr const char* kThreadsHelp =

@@ -49,6 +49,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   cmd->add_option("--cache-type-v", o.cache_type_v,
                   "KV cache type of values (same choices); also -ctv")
       ->capture_default_str();
+  cmd->add_option("--kv-calibration", o.kv_calibration_file, kKvCalibrationHelp);
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
   cmd->add_option("-t,--threads", o.threads, kThreadsHelp)

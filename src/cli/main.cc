@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/log.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvserve: an LLM inference engine built around the KV cache"};
@@ -40,6 +41,8 @@ int main(int argc, char** argv) {
     }
     args.push_back(arg);
   }
+  // Progress of long setup work (key calibration) is logged at info level, to stderr.
+  kvs::SetLogLevel(kvs::LogLevel::kInfo);
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {

@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "engine/engine.h"
-#include "engine/model_runner.h"
+#include "engine/engine_builder.h"
 
 namespace kvs {
 namespace {
@@ -48,8 +48,8 @@ Expected<GenerateStats> Generate(const Model& model, const std::vector<int32_t>&
   ec.block_size = kKvBlockTokens;
   ec.watermark_blocks = 0;
   ec.n_blocks = (cache_tokens + kKvBlockTokens - 1) / kKvBlockTokens + 1;
-  ModelRunner runner(model, pool, ec.block_size, ec.n_blocks);
-  Engine engine(ec, runner);
+  KVS_ASSIGN_OR_RETURN(LocalEngine local, EngineBuilder(model, nullptr, pool).Local(ec));
+  Engine& engine = *local.engine;
   RequestOptions ro;
   ro.sampling = options.sampling;
   ro.max_tokens = budget;

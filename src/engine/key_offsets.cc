@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
-#include "engine/model_runner.h"
+#include "engine/kv_format_factory.h"
 #include "kernels/kv_quant.h"
 #include "kernels/ops.h"
 #include "kv/kv_storage.h"
@@ -45,7 +45,7 @@ KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vect
   const int32_t n_tokens = static_cast<int32_t>(tokens.size());
   KVS_CHECK(n_tokens >= 1);
   const int32_t n_blocks = (n_tokens + kKvBlockTokens - 1) / kKvBlockTokens;
-  KvStorage storage(ModelKvGeometry(c, kKvBlockTokens), n_blocks + 1);
+  KvStorage storage(PlainKvFormat(ModelKvGeometry(c, kKvBlockTokens)), n_blocks + 1);
   std::vector<int32_t> blocks(n_blocks);
   for (int32_t b = 0; b < n_blocks; ++b) blocks[b] = b + 1;
   RaggedBatch batch;

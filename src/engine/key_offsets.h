@@ -9,7 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/kv_types.h"
-#include "kv/kv_storage.h"
+#include "kv/kv_format.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 

@@ -4,18 +4,8 @@
 
 namespace kvs {
 
-KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size, KvTypes types) {
-  return KvGeometry{c.n_layer,  c.n_head_kv, c.head_dim_k, c.head_dim_v,
-                    block_size, types.k,     types.v};
-}
-
-ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks,
-                         KvTypes types, KeyCoding key_coding)
-    : model_(model),
-      storage_(ModelKvGeometry(model.config(), block_size, types), n_blocks),
-      forward_(model, pool) {
-  if (!key_coding.empty()) storage_.SetKeyCoding(std::move(key_coding));
-}
+ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr format, int32_t n_blocks)
+    : model_(model), storage_(std::move(format), n_blocks), forward_(model, pool) {}
 
 Status ModelRunner::Execute(const StepInput& step, float* logits) {
   const int32_t m = storage_.kernel_blocks_per_block();
@@ -37,6 +27,7 @@ Status ModelRunner::Execute(const StepInput& step, float* logits) {
     batch_.AddSequence(seq.tokens.data() + seq.n_computed, r.n_tokens, seq.n_computed,
                        std::move(kernel_blocks), RunSamples(r) ? 1 : 0);
   }
+  storage_.ReservePositions(batch_.max_position + 1);
   return forward_.Run(batch_, storage_.layers(), logits);
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "core/thread_pool.h"
+#include "engine/kv_format_factory.h"
 #include "engine/step_runner.h"
 #include "kv/kv_storage.h"
 #include "model/forward.h"
@@ -12,15 +13,11 @@
 
 namespace kvs {
 
-// The K/V geometry of a model's cache with the given pool block size.
-KvGeometry ModelKvGeometry(const ModelConfig& config, int32_t block_size, KvTypes types = {});
-
 class ModelRunner final : public StepRunner {
  public:
-  // n_blocks counts the null block, as KvCacheManager's does; both must agree.
-  // key_coding: see KvStorage::SetKeyCoding (empty: none).
-  ModelRunner(const Model& model, ThreadPool& pool, int32_t block_size, int32_t n_blocks,
-              KvTypes types = {}, KeyCoding key_coding = {});
+  // n_blocks counts the null block, as KvCacheManager's does; both must agree. Built by
+  // EngineBuilder (engine_builder.h), which makes the format.
+  ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr format, int32_t n_blocks);
 
   int32_t n_vocab() const override { return model_.config().n_vocab; }
   Status Execute(const StepInput& step, float* logits) override;

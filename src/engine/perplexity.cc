@@ -5,8 +5,7 @@
 #include <cmath>
 #include <memory>
 
-#include "engine/key_offsets.h"
-#include "engine/model_runner.h"
+#include "engine/engine_builder.h"
 #include "engine/sampler.h"
 #include "engine/single_sequence.h"
 
@@ -39,7 +38,7 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
         StrFormat("the text has %zu tokens; perplexity with a context of %d needs at least %d",
                   tokens.size(), n_ctx, 2 * n_ctx));
   }
-  const KvGeometry geometry = ModelKvGeometry(model.config(), kKvBlockTokens, options.kv_types);
+  const KvGeometry geometry = ModelKvGeometry(model.config(), kKvBlockTokens, options.kv.types);
   KVS_RETURN_IF_ERROR(geometry.Validate());
   if (options.kl_base &&
       (KvTypeIsQuantized(options.base_types.k) || KvTypeIsQuantized(options.base_types.v))) {
@@ -55,15 +54,17 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   const int32_t first = n_ctx / 2;
   const int32_t n_scored_per_chunk = n_ctx - 1 - first;
 
-  KeyCoding key_coding;
-  if (KvTypeIsQuantized(options.kv_types.k)) {
-    key_coding =
-        MeasureKeyCoding(model, pool, options.calibration_tokens, options.kv_types.k, n_ctx);
-  }
-  SingleSequence seq(model, pool, n_ctx, options.kv_types, std::move(key_coding));
+  KvFormatOptions kv = options.kv;
+  kv.block_size = kKvBlockTokens;
+  auto measured = EngineBuilder(model, nullptr, pool, kv).Single(n_ctx);
+  if (!measured.ok()) return measured.status();
+  SingleSequence& seq = **measured;
   std::unique_ptr<SingleSequence> base;
-  if (options.kl_base)
-    base = std::make_unique<SingleSequence>(model, pool, n_ctx, options.base_types);
+  if (options.kl_base) {
+    auto made = EngineBuilder(model, nullptr, pool, {.types = options.base_types}).Single(n_ctx);
+    if (!made.ok()) return made.status();
+    base = std::move(*made);
+  }
   const size_t logit_floats = static_cast<size_t>(n_ctx - first) * n_vocab;
   std::vector<float> logits(logit_floats), base_logits(options.kl_base ? logit_floats : 0);
   std::vector<double> lp, base_lp;

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "engine/kv_format_factory.h"
 #include "kernels/kv_types.h"
 #include "model/weights.h"
 
@@ -38,9 +39,9 @@ struct PerplexityResult {
 struct PerplexityOptions {
   int32_t n_ctx = 512;
   int32_t bos_id = -1;  // replaces each chunk's first token when >= 0
-  KvTypes kv_types;     // the cache types being measured
-  // Tokens to measure how a quantized K type codes keys on (KeyCalibrationTokens, KeyCoding).
-  std::vector<int32_t> calibration_tokens;
+  // The cache being measured: its types and calibration (kv.n_ctx and kv.block_size are
+  // ignored: the cache holds one chunk of n_ctx, and a constant key offset averages over it).
+  KvFormatOptions kv;
   bool kl_base = false;  // also run a cache of base_types and compare against it
   KvTypes base_types;    // f32/f32 unless told; a quantized base is refused
 };

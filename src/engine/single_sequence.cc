@@ -2,18 +2,31 @@
 
 #include <utility>
 
-#include "engine/model_runner.h"
+#include "engine/kv_format_factory.h"
 
 namespace kvs {
 
-SingleSequence::SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx, KvTypes types,
-                               KeyCoding key_coding)
+namespace {
+// A cache of n_ctx positions in the format (a plain f32 one where none is given).
+KvStorage SequenceStorage(const Model& model, KvFormatPtr format, int32_t n_ctx) {
+  if (format == nullptr) {
+    format = PlainKvFormat(ModelKvGeometry(model.config(), kKvBlockTokens), ModelKvRope(model));
+  }
+  const int32_t block_size = format->block_size();
+  return KvStorage(std::move(format), (n_ctx + block_size - 1) / block_size + 1);
+}
+}  // namespace
+
+SingleSequence::SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx,
+                               KvFormatPtr format)
     : n_ctx_(n_ctx),
-      storage_(ModelKvGeometry(model.config(), kKvBlockTokens, types),
-               (n_ctx + kKvBlockTokens - 1) / kKvBlockTokens + 1),
+      storage_(SequenceStorage(model, std::move(format), n_ctx)),
       forward_(model, pool) {
-  for (int32_t b = storage_.num_blocks() - 1; b >= 1; --b) blocks_.push_back(b);
-  if (!key_coding.empty()) storage_.SetKeyCoding(std::move(key_coding));
+  const int32_t m = storage_.kernel_blocks_per_block();
+  for (int32_t b = storage_.num_blocks() - 1; b >= 1; --b) {
+    for (int32_t j = 0; j < m; ++j) blocks_.push_back(b * m + j);
+  }
+  storage_.ReservePositions(n_ctx);
 }
 
 Status SingleSequence::Run(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_out,

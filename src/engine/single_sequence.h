@@ -14,9 +14,10 @@ namespace kvs {
 
 class SingleSequence {
  public:
-  // key_coding: see KvStorage::SetKeyCoding (empty: none).
-  SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx, KvTypes types = {},
-                 KeyCoding key_coding = {});
+  // Built by EngineBuilder::Single (engine_builder.h), which makes the format; a plain f32
+  // format where none is given (tests).
+  SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx, KvFormatPtr format = nullptr);
+  const KvStorage& storage() const { return storage_; }
 
   int32_t n_ctx() const { return n_ctx_; }
   // Computes tokens[0..n) at positions pos0.. (positions >= pos0 written before are replaced)

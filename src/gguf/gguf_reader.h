@@ -51,6 +51,8 @@ class File {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   size_t size() const { return size_; }
+  // The whole file's bytes as loaded (tensor data may since have been repacked in place).
+  const uint8_t* bytes() const { return base_; }
   const std::string& path() const { return path_; }
 
   const std::vector<std::pair<std::string, Value>>& metadata() const { return metadata_; }

@@ -264,21 +264,84 @@ inline void PrefetchBytes(const uint8_t* p, size_t n) {
     _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
 
-// Q queries over every key block they need. o holds Q rows of the output accumulator, each
-// padded to a multiple of 16 floats.
+// The key paths, one per key coding (KeyCodingKind, kv_layer.h): Score writes the 16 raw scores
+// q[i]·k (before the softmax scale) of the head's logical key block blk. The tile is compiled
+// once per path, so choosing one costs nothing per block.
+
+// Keys as stored (plain, or less a constant offset, which softmax ignores).
 template <int Q>
+class PlainKeys {
+ public:
+  PlainKeys(const KvHeadView& kv, int32_t hk, const float* /*coef*/)
+      : kv_(kv), hk_(hk), group_(KvGroupSize(kv.k_type, hk)), score_(ScoreFor<Q>(kv.k_type)) {}
+  void Score(int32_t blk, const float* const* q, __m512* s) const {
+    score_(kv_.k_type, KeyBlock(kv_, blk), hk_, group_, q, s);
+  }
+
+ private:
+  const KvHeadView& kv_;
+  int32_t hk_, group_;
+  ScoreFn<Q> score_;
+};
+
+// Keys stored less R(p)·m: the stored part, plus q·R(p)·m from the per-query coefficients
+// (OffsetCoefficients) over the block's RoPE rows, n_rot FMAs per query.
+template <int Q>
+class RopeOffsetKeys {
+ public:
+  RopeOffsetKeys(const KvHeadView& kv, int32_t hk, const float* coef)
+      : stored_(kv, hk, nullptr), kv_(kv), coef_(coef) {}
+  void Score(int32_t blk, const float* const* q, __m512* s) const {
+    stored_.Score(blk, q, s);
+    const float* rows = RopeTableBlock(kv_.rope_table, kv_.n_rot, blk);
+    for (int32_t r = 0; r < kv_.n_rot; ++r) {
+      const __m512 row = _mm512_loadu_ps(rows + r * kKvBlockTokens);
+      for (int i = 0; i < Q; ++i) {
+        s[i] = _mm512_fmadd_ps(_mm512_set1_ps(coef_[i * kv_.n_rot + r]), row, s[i]);
+      }
+    }
+  }
+
+ private:
+  PlainKeys<Q> stored_;
+  const KvHeadView& kv_;
+  const float* coef_;
+};
+
+// Keys stored whitened: each block decoded to f32 keys at their positions, scored as f32.
+template <int Q>
+class WhitenedKeys {
+ public:
+  WhitenedKeys(const KvHeadView& kv, int32_t hk, const float* /*coef*/)
+      : kv_(kv),
+        hk_(hk),
+        group_(KvGroupSize(kv.k_type, hk)),
+        decode_(DecodeWhitenedFor(kv.k_type)),
+        score_(ScoreFor<Q>(KvType::kF32)) {}
+  void Score(int32_t blk, const float* const* q, __m512* s) const {
+    alignas(64) float tile[kMaxWhitenedHeadDim * kKvBlockTokens];
+    decode_(kv_.k_type, KeyBlock(kv_, blk), hk_, group_, kv_, blk, tile);
+    score_(KvType::kF32, reinterpret_cast<const uint8_t*>(tile), hk_, 0, q, s);
+  }
+
+ private:
+  const KvHeadView& kv_;
+  int32_t hk_, group_;
+  DecodeWhitenedFn decode_;
+  ScoreFn<Q> score_;
+};
+
+// Q queries over every key block they need, keys read by KeyPath. o holds Q rows of the output
+// accumulator, each padded to a multiple of 16 floats.
+template <int Q, template <int> class KeyPath>
 void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
                 const float* coef, const int32_t* n_keys, float* const* out, float* o) {
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   const int32_t hv_pad = (hv + 15) / 16 * 16;
   const int32_t max_keys = MaxKeys(n_keys, Q);
-  // Whitened keys are decoded a block at a time into tile and scored as f32.
-  const bool whitened = kv.k_whitening != nullptr;
-  const ScoreFn<Q> scores = ScoreFor<Q>(whitened ? KvType::kF32 : kv.k_type);
-  const DecodeWhitenedFn decode = whitened ? DecodeWhitenedFor(kv.k_type) : nullptr;
-  alignas(64) float tile[kMaxWhitenedHeadDim * kKvBlockTokens];
+  const KeyPath<Q> keys(kv, hk, coef);
   const AccumulateFn<Q> accumulate = AccumulateFor<Q>(kv.v_type);
-  const int32_t k_group = KvGroupSize(kv.k_type, hk), v_group = KvGroupSize(kv.v_type, hv);
+  const int32_t v_group = KvGroupSize(kv.v_type, hv);
   float m[Q], l[Q];
   for (int i = 0; i < Q; ++i) {
     m[i] = kNegInf;
@@ -297,21 +360,7 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
       PrefetchBytes(ValueBlock(kv, blk + kPrefetchBlocks), v_bytes);
     }
     __m512 s_raw[Q];
-    if (whitened) {
-      decode(kv.k_type, KeyBlock(kv, blk), hk, k_group, kv, blk, tile);
-      scores(KvType::kF32, reinterpret_cast<const uint8_t*>(tile), hk, 0, q, s_raw);
-    } else {
-      scores(kv.k_type, KeyBlock(kv, blk), hk, k_group, q, s_raw);
-    }
-    if (coef != nullptr) {  // q·R(p)·m of keys stored less their offset (OffsetCoefficients)
-      const float* rows = RopeTableBlock(kv.rope_table, kv.n_rot, blk);
-      for (int32_t r = 0; r < kv.n_rot; ++r) {
-        const __m512 row = _mm512_loadu_ps(rows + r * kKvBlockTokens);
-        for (int i = 0; i < Q; ++i) {
-          s_raw[i] = _mm512_fmadd_ps(_mm512_set1_ps(coef[i * kv.n_rot + r]), row, s_raw[i]);
-        }
-      }
-    }
+    keys.Score(blk, q, s_raw);
     // Online softmax: rescale what came before by exp(old max - new max).
     float alpha[Q];
     for (int i = 0; i < Q; ++i) {
@@ -340,7 +389,35 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
   }
 }
 
+template <int Q>
+using TileFn = void (*)(const AttentionShape&, const KvHeadView&, const float* const*, const float*,
+                        const int32_t*, float* const*, float*);
+
+// The tile for the head's key coding: whitened, less a RoPE-turned offset, or as stored.
+template <int Q>
+TileFn<Q> TileFor(const KvHeadView& kv) {
+  if (kv.k_whitening != nullptr) return &AttendTile<Q, WhitenedKeys>;
+  if (kv.k_offset != nullptr) return &AttendTile<Q, RopeOffsetKeys>;
+  return &AttendTile<Q, PlainKeys>;
+}
+
 #else  // portable: the same online softmax, one query and one key at a time
+
+// Key j's raw score q·k, by the head's key coding (see the AVX-512 key paths).
+float PortableScore(const KvHeadView& kv, int32_t hk, const float* q, const float* coef,
+                    int32_t j) {
+  float s = 0.0f;
+  if (kv.k_whitening != nullptr) {
+    float key[kMaxWhitenedHeadDim];
+    LoadWhitenedKey(kv, hk, j, key);
+    for (int32_t d = 0; d < hk; ++d) s += q[d] * key[d];
+    return s;
+  }
+  const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
+  for (int32_t d = 0; d < hk; ++d) s += q[d] * LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
+  if (coef != nullptr) s += static_cast<float>(OffsetScore(kv, coef, j));
+  return s;
+}
 
 template <int Q>
 void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
@@ -350,29 +427,28 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
     float m = kNegInf, l = 0.0f;
     std::fill(o, o + hv, 0.0f);
     for (int32_t j = 0; j < n_keys[i]; ++j) {
-      const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
       const uint8_t* vb = ValueBlock(kv, j / kKvBlockTokens);
-      const int32_t pos = j % kKvBlockTokens;
-      float s = 0.0f;
-      if (kv.k_whitening != nullptr) {
-        float key[kMaxWhitenedHeadDim];
-        LoadWhitenedKey(kv, hk, j, key);
-        for (int32_t d = 0; d < hk; ++d) s += q[i][d] * key[d];
-      } else {
-        for (int32_t d = 0; d < hk; ++d) s += q[i][d] * LoadKey(kv.k_type, kb, hk, d, pos);
-      }
-      if (coef != nullptr) s += static_cast<float>(OffsetScore(kv, coef + i * kv.n_rot, j));
-      s *= shape.scale;
+      const float s =
+          PortableScore(kv, hk, q[i], coef ? coef + i * kv.n_rot : nullptr, j) * shape.scale;
       const float m_new = std::max(m, s);
       const float alpha = std::exp(m - m_new), pj = std::exp(s - m_new);
       for (int32_t d = 0; d < hv; ++d) {
-        o[d] = o[d] * alpha + pj * LoadValue(kv.v_type, vb, hv, pos, d);
+        o[d] = o[d] * alpha + pj * LoadValue(kv.v_type, vb, hv, j % kKvBlockTokens, d);
       }
       l = l * alpha + pj;
       m = m_new;
     }
     for (int32_t d = 0; d < hv; ++d) out[i][d] = o[d] / l;
   }
+}
+
+template <int Q>
+using TileFn = void (*)(const AttentionShape&, const KvHeadView&, const float* const*, const float*,
+                        const int32_t*, float* const*, float*);
+
+template <int Q>
+TileFn<Q> TileFor(const KvHeadView&) {
+  return &AttendTile<Q>;
 }
 
 #endif
@@ -442,18 +518,19 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
   auto coef_of = [&](int first) {
     return coef ? coef + static_cast<size_t>(first) * kv.n_rot : nullptr;
   };
+  const TileFn<kTile> tile = TileFor<kTile>(kv);
   for (; i + kTile <= n_queries; i += kTile) {
-    AttendTile<kTile>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
+    tile(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
   }
   switch (n_queries - i) {
     case 3:
-      AttendTile<3>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
+      TileFor<3>(kv)(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
       break;
     case 2:
-      AttendTile<2>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
+      TileFor<2>(kv)(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
       break;
     case 1:
-      AttendTile<1>(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
+      TileFor<1>(kv)(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
       break;
     default:
       break;

@@ -39,7 +39,10 @@ struct KvHeadView {
   // Or keys stored whitened before RoPE (key_whitening.h): each block is decoded to f32 keys,
   // turned by RoPE from the table, and scored against the queries as given.
   const KeyWhitening* k_whitening = nullptr;
-  const float* rope_table = nullptr;  // RopeTable of the positions, at least max_keys of them
+  // RopeTable layout, row j holding the cos/sin of key j's position (in block_ids order), at
+  // least max_keys rows: the positions' own table while key j sits at position j; a gathered
+  // one when keys were moved to other slots (positions are not slots).
+  const float* rope_table = nullptr;
   int32_t n_rot = 0;
   bool rope_neox = false;
 };

@@ -10,6 +10,27 @@
 
 namespace kvs {
 
+const char* KeyCodingKindName(KeyCodingKind kind) {
+  switch (kind) {
+    case KeyCodingKind::kPlain:
+      return "plain";
+    case KeyCodingKind::kConstantOffset:
+      return "constant-offset";
+    case KeyCodingKind::kRopeOffset:
+      return "rope-offset";
+    case KeyCodingKind::kWhitened:
+      return "whitened";
+  }
+  return "unknown";
+}
+
+KeyCodingKind KeyCodingKindFor(KvType k_type, int32_t head_dim_k) {
+  if (!KvTypeIsQuantized(k_type)) return KeyCodingKind::kPlain;
+  if (KvKeysWhitened(k_type, head_dim_k)) return KeyCodingKind::kWhitened;
+  return KvKeyOffsetFollowsRope(k_type) ? KeyCodingKind::kRopeOffset
+                                        : KeyCodingKind::kConstantOffset;
+}
+
 void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const float* k,
              const float* v) {
   const int64_t block = slot / kKvBlockTokens;
@@ -18,10 +39,13 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
   uint8_t* vb = layer.v + static_cast<size_t>(block) * layer.v_block_stride();
   const size_t kh = layer.k_head_bytes(), vh = layer.v_head_bytes();
   thread_local std::vector<float> shifted, offset, cos_sin;
-  if (layer.k_whitening != nullptr) {
+  if (layer.NeedsRopeTable()) {
+    KVS_CHECK(layer.rope_table != nullptr && position < layer.rope_positions && layer.n_rot > 0 &&
+              layer.n_rot <= layer.head_dim_k);
+  }
+  if (layer.key_coding == KeyCodingKind::kWhitened) {
     // Each head's key turned back by its position, then whitened.
     const int32_t hd = layer.head_dim_k;
-    KVS_CHECK(layer.rope_table != nullptr && layer.n_rot > 0 && layer.n_rot <= hd);
     cos_sin.resize(layer.n_rot);
     RopeFromTable(layer.rope_table, layer.n_rot, position, cos_sin.data());
     for (int32_t i = layer.n_rot / 2; i < layer.n_rot; ++i) cos_sin[i] = -cos_sin[i];
@@ -34,11 +58,11 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
       WhitenKey(layer.k_whitening[h], hd, key, shifted.data() + at);
     }
     k = shifted.data();
-  } else if (layer.k_offset != nullptr) {
+  } else if (layer.key_coding != KeyCodingKind::kPlain) {
     // Each head's offset as stored: as it is, or turned by RoPE to this position.
     const int32_t hd = layer.head_dim_k;
-    if (layer.k_offset_follows_rope) {
-      KVS_CHECK(layer.rope_table != nullptr && layer.n_rot > 0 && layer.n_rot <= hd);
+    const bool follows_rope = layer.key_coding == KeyCodingKind::kRopeOffset;
+    if (follows_rope) {
       cos_sin.resize(layer.n_rot);
       RopeFromTable(layer.rope_table, layer.n_rot, position, cos_sin.data());
     }
@@ -47,7 +71,7 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
     for (int32_t h = 0; h < layer.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(h) * hd;
       std::copy(layer.k_offset + at, layer.k_offset + at + hd, offset.begin());
-      if (layer.k_offset_follows_rope) {
+      if (follows_rope) {
         ApplyRope(offset.data(), cos_sin.data(), layer.n_rot, layer.rope_neox);
       }
       for (int32_t d = 0; d < hd; ++d) shifted[at + d] = k[at + d] - offset[d];

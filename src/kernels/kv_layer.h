@@ -5,6 +5,7 @@
 //   values [kernel_block][n_head_kv][head block of v_type]
 // A pool block of block_size = m * 16 positions is m consecutive kernel blocks, so a slot s (pool
 // block * block_size + offset) is kernel block s / 16, position s % 16, whatever the block size.
+// The storage (kv/kv_storage.h) fills these views from its KV format; kernels only read them.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,17 @@
 
 namespace kvs {
 
+// How keys are stored; the attention kernel has one key path per kind (attention.cc).
+enum class KeyCodingKind {
+  kPlain,           // as the model wrote them (after RoPE)
+  kConstantOffset,  // less one vector per head (8-bit types): softmax ignores the shift
+  kRopeOffset,      // less the head's mean key turned to the key's position (4-/3-bit types)
+  kWhitened,        // whitened before RoPE (4-/3-bit types at head_dim <= 16)
+};
+const char* KeyCodingKindName(KeyCodingKind kind);
+// The kind a K type at this head size uses once calibrated (kPlain for unquantized types).
+KeyCodingKind KeyCodingKindFor(KvType k_type, int32_t head_dim_k);
+
 struct KvLayerView {
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
@@ -24,33 +36,36 @@ struct KvLayerView {
   int32_t head_dim_v = 0;
   KvType k_type = KvType::kF32;
   KvType v_type = KvType::kF32;
-  // [n_head_kv][head_dim_k] subtracted from every key before it is stored, or nullptr, so that a
-  // quantized type spends its codes on what differs between keys rather than on their common
-  // part (key_offsets.h). Two kinds (KvKeyOffsetFollowsRope):
-  //  - follows RoPE: each head's mean key before RoPE, m; a key at position p is stored less
-  //    R(p)·m (turned by the cos/sin of rope_table) and attention adds q·R(p)·m back to its score
-  //    (KvHeadView::k_offset);
-  //  - constant: one vector per head, subtracted as it is; attention needs nothing back, since a
-  //    query's scores all shift by the same q·offset and softmax ignores that.
+  KeyCodingKind key_coding = KeyCodingKind::kPlain;
+  // [n_head_kv][head_dim_k] for the offset codings: subtracted from every key before it is
+  // stored, so that a quantized type spends its codes on what differs between keys rather than
+  // on their common part (engine/key_offsets.h):
+  //  - kRopeOffset: each head's mean key before RoPE, m; a key at position p is stored less
+  //    R(p)·m and attention adds q·R(p)·m back to its score (KvHeadView::k_offset);
+  //  - kConstantOffset: subtracted as it is; attention needs nothing back, since a query's
+  //    scores all shift by the same q·offset and softmax ignores that.
   const float* k_offset = nullptr;
-  bool k_offset_follows_rope = false;
-  // [n_head_kv] where KvKeysWhitened(k_type, head_dim_k), else nullptr: keys are stored whitened
-  // before RoPE (key_whitening.h) and k_offset is not used.
+  // [n_head_kv] for kWhitened: keys are stored whitened before RoPE (key_whitening.h).
   const KeyWhitening* k_whitening = nullptr;
-  const float* rope_table = nullptr;  // RopeTable (attention.h) covering the positions written
+  // RopeTable (attention.h) of positions [0, rope_positions), for the RoPE-dependent codings.
+  const float* rope_table = nullptr;
+  int32_t rope_positions = 0;
   int32_t n_rot = 0;
   bool rope_neox = false;
 
-  // Whether writes and attention need rope_table: keys turned back from, or by, their position.
+  // Whether writes and attention need the cos/sin of each key's position.
   bool NeedsRopeTable() const {
-    return k_whitening != nullptr || (k_offset != nullptr && k_offset_follows_rope);
+    return key_coding == KeyCodingKind::kRopeOffset || key_coding == KeyCodingKind::kWhitened;
   }
   size_t k_head_bytes() const { return KvHeadBlockBytes(k_type, head_dim_k); }
   size_t v_head_bytes() const { return KvHeadBlockBytes(v_type, head_dim_v); }
   size_t k_block_stride() const { return static_cast<size_t>(n_head_kv) * k_head_bytes(); }
   size_t v_block_stride() const { return static_cast<size_t>(n_head_kv) * v_head_bytes(); }
-  // KV head g over the kernel blocks listed in kernel_block_ids.
-  KvHeadView Head(int32_t g, const int32_t* kernel_block_ids) const {
+  // KV head g over the kernel blocks listed in kernel_block_ids. key_rope: the RopeTable rows of
+  // those keys in list order (key j at row j), or null when key j sits at position j, so the
+  // layer's own table serves.
+  KvHeadView Head(int32_t g, const int32_t* kernel_block_ids,
+                  const float* key_rope = nullptr) const {
     KvHeadView view;
     view.k_base = k + static_cast<size_t>(g) * k_head_bytes();
     view.v_base = v + static_cast<size_t>(g) * v_head_bytes();
@@ -59,12 +74,12 @@ struct KvLayerView {
     view.block_ids = kernel_block_ids;
     view.k_type = k_type;
     view.v_type = v_type;
-    if (k_whitening != nullptr) view.k_whitening = k_whitening + g;
-    if (k_whitening == nullptr && k_offset != nullptr && k_offset_follows_rope) {
+    if (key_coding == KeyCodingKind::kWhitened) view.k_whitening = k_whitening + g;
+    if (key_coding == KeyCodingKind::kRopeOffset) {
       view.k_offset = k_offset + static_cast<size_t>(g) * head_dim_k;
     }
     if (NeedsRopeTable()) {
-      view.rope_table = rope_table;
+      view.rope_table = key_rope != nullptr ? key_rope : rope_table;
       view.n_rot = n_rot;
       view.rope_neox = rope_neox;
     }
@@ -73,8 +88,9 @@ struct KvLayerView {
 };
 
 // Stores (quantizes) the keys [n_head_kv][head_dim_k] and values [n_head_kv][head_dim_v] of the
-// token at position pos in slot. Positions that share a kernel block must be written by one
-// thread: sub-byte codes of neighbouring positions share bytes.
+// token at RoPE position pos in slot (which need not be pos: positions are not slots). Positions
+// that share a kernel block must be written by one thread: sub-byte codes of neighbouring
+// positions share bytes.
 void WriteKv(const KvLayerView& layer, int64_t slot, int32_t pos, const float* k, const float* v);
 
 // Copies n kernel blocks starting at src to the n starting at dst (one layer).

@@ -1,71 +1,58 @@
 #include "kv/kv_storage.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/check.h"
 
 namespace kvs {
 
-size_t KvGeometry::BytesPerBlock() const {
-  const size_t head_blocks =
-      KvHeadBlockBytes(k_type, head_dim_k) + KvHeadBlockBytes(v_type, head_dim_v);
-  return static_cast<size_t>(n_layer) * n_head_kv * head_blocks * (block_size / kKvBlockTokens);
-}
-
-Status KvGeometry::Validate() const {
-  if (n_layer <= 0 || n_head_kv <= 0 || head_dim_k <= 0 || head_dim_v <= 0) {
-    return Status::Error("KV geometry: layers, heads and head sizes must be positive");
-  }
-  if (block_size <= 0 || block_size % kKvBlockTokens != 0 || block_size > 1024) {
-    return Status::Error(StrFormat(
-        "--block-size %d: must be a multiple of %d between %d and 1024 (the attention kernel "
-        "reads %d positions at a time)",
-        block_size, kKvBlockTokens, kKvBlockTokens, kKvBlockTokens));
-  }
-  KVS_RETURN_IF_ERROR(ValidateKvType(k_type, head_dim_k));
-  return ValidateKvType(v_type, head_dim_v);
-}
-
-KvStorage::KvStorage(const KvGeometry& geometry, int32_t n_blocks)
-    : geometry_(geometry), n_blocks_(n_blocks) {
-  KVS_CHECK(geometry.Validate().ok() && n_blocks >= 1);
-  const size_t kernel_blocks =
-      static_cast<size_t>(n_blocks) * (geometry.block_size / kKvBlockTokens);
+KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
+    : format_(std::move(format)), n_blocks_(n_blocks) {
+  KVS_CHECK(format_ != nullptr && n_blocks >= 1);
+  const KvGeometry& g = format_->geometry();
+  const KeyCoding& coding = format_->key_coding();
+  const size_t kernel_blocks = static_cast<size_t>(n_blocks) * (g.block_size / kKvBlockTokens);
   KvLayerView layer;
-  layer.n_head_kv = geometry.n_head_kv;
-  layer.head_dim_k = geometry.head_dim_k;
-  layer.head_dim_v = geometry.head_dim_v;
-  layer.k_type = geometry.k_type;
-  layer.v_type = geometry.v_type;
+  layer.n_head_kv = g.n_head_kv;
+  layer.head_dim_k = g.head_dim_k;
+  layer.head_dim_v = g.head_dim_v;
+  layer.k_type = g.k_type;
+  layer.v_type = g.v_type;
+  layer.key_coding = format_->key_coding_kind();
+  layer.n_rot = format_->rope().n_rot;
+  layer.rope_neox = format_->rope().neox;
   const size_t k_bytes = kernel_blocks * layer.k_block_stride();
   const size_t v_bytes = kernel_blocks * layer.v_block_stride();
-  memory_ = AllocateAligned<uint8_t>((k_bytes + v_bytes) * geometry.n_layer);
+  memory_ = AllocateAligned<uint8_t>((k_bytes + v_bytes) * g.n_layer);
+  const size_t per_layer = static_cast<size_t>(g.n_head_kv) * g.head_dim_k;
   uint8_t* p = memory_.get();
-  for (int32_t l = 0; l < geometry.n_layer; ++l) {
+  for (int32_t l = 0; l < g.n_layer; ++l) {
     layer.k = p;
     layer.v = p + k_bytes;
+    if (!coding.offsets.empty()) layer.k_offset = coding.offsets.data() + l * per_layer;
+    if (!coding.whitening.empty()) {
+      layer.k_whitening = coding.whitening.data() + static_cast<size_t>(l) * g.n_head_kv;
+    }
     layers_.push_back(layer);
     p += k_bytes + v_bytes;
   }
 }
 
-void KvStorage::SetKeyCoding(KeyCoding coding) {
-  const size_t per_layer = static_cast<size_t>(geometry_.n_head_kv) * geometry_.head_dim_k;
-  const size_t heads = static_cast<size_t>(geometry_.n_layer) * geometry_.n_head_kv;
-  KVS_CHECK(coding.offsets.empty() || coding.offsets.size() == per_layer * geometry_.n_layer);
-  KVS_CHECK(coding.whitening.empty() || coding.whitening.size() == heads);
-  KVS_CHECK(coding.whitening.empty() == !KvKeysWhitened(geometry_.k_type, geometry_.head_dim_k));
-  key_coding_ = std::move(coding);
-  for (int32_t l = 0; l < geometry_.n_layer; ++l) {
-    KvLayerView& layer = layers_[l];
-    if (!key_coding_.offsets.empty()) {
-      layer.k_offset = key_coding_.offsets.data() + l * per_layer;
-      layer.k_offset_follows_rope = KvKeyOffsetFollowsRope(geometry_.k_type);
-    }
-    if (!key_coding_.whitening.empty()) {
-      layer.k_whitening =
-          key_coding_.whitening.data() + static_cast<size_t>(l) * geometry_.n_head_kv;
-    }
+void KvStorage::ReservePositions(int32_t n_positions) {
+  if (!format_->NeedsRopeTable()) return;
+  const int32_t need = (std::max(n_positions, 1) + kKvBlockTokens - 1) / kKvBlockTokens;
+  if (need <= rope_blocks_) return;
+  const KvRope& r = format_->rope();
+  const RopeParams rope{r.n_rot, r.freq_base, r.freq_scale, r.neox,
+                        r.freq_factors.empty() ? nullptr : r.freq_factors.data()};
+  const int32_t blocks = std::max(need, 2 * rope_blocks_);
+  rope_table_.resize(static_cast<size_t>(blocks) * r.n_rot * kKvBlockTokens);
+  FillRopeTable(rope, rope_blocks_, blocks - rope_blocks_, rope_table_.data());
+  rope_blocks_ = blocks;
+  for (KvLayerView& layer : layers_) {
+    layer.rope_table = rope_table_.data();
+    layer.rope_positions = blocks * kKvBlockTokens;
   }
 }
 

@@ -3,6 +3,7 @@
 // fills this from its block tables.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -13,9 +14,15 @@ namespace kvs {
 struct BatchSequence {
   int32_t first_token = 0;  // index of its first token in the batch
   int32_t n_tokens = 0;
-  int32_t n_cached = 0;  // positions already in the cache: its first token sees n_cached + 1 keys
-  // Kernel blocks (16 positions each) covering at least n_cached + n_tokens positions.
+  // Keys already in the cache, in slot order: its first token sees n_cached + 1 keys, and the
+  // batch's tokens write slots n_cached.. of kv_blocks.
+  int32_t n_cached = 0;
+  // Kernel blocks (16 slots each) covering at least n_cached + n_tokens slots.
   std::vector<int32_t> kv_blocks;
+  // The RoPE position of the key in each slot [n_cached + n_tokens], or empty when slot i holds
+  // position i. Positions are not slots: after eviction moves keys to other slots their
+  // positions stay, and the key codings that depend on RoPE must know them.
+  std::vector<int32_t> key_positions;
 };
 
 struct RaggedBatch {
@@ -24,23 +31,29 @@ struct RaggedBatch {
   std::vector<int64_t> slots;      // [n_tokens] KV slot each token writes
   std::vector<BatchSequence> sequences;
   std::vector<int32_t> logit_rows;  // tokens whose logits are wanted, in output order
+  int32_t max_position = -1;        // the largest position of a token or key in the batch
 
   int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
-  // Adds tokens[0..n) of one sequence at positions n_cached.. (which need not be its first), each
-  // writing the slot its position has in kv_blocks (kernel blocks of 16 positions). Logits are
-  // requested for the last n_logits of them.
+  // Adds tokens[0..n) of one sequence that already has n_cached keys: token i writes slot
+  // n_cached + i of kv_blocks (kernel blocks of 16 slots) at RoPE position first_position + i.
+  // key_positions: see BatchSequence (empty: slot i holds position i, and first_position must be
+  // n_cached). Logits are requested for the last n_logits of them.
   void AddSequence(const int32_t* seq_tokens, int32_t n, int32_t n_cached,
-                   std::vector<int32_t> kv_blocks, int32_t n_logits) {
+                   std::vector<int32_t> kv_blocks, int32_t n_logits, int32_t first_position = -1,
+                   std::vector<int32_t> key_positions = {}) {
+    if (first_position < 0) first_position = n_cached;
     const int32_t first = n_tokens();
     for (int32_t i = 0; i < n; ++i) {
-      const int32_t pos = n_cached + i;
+      const int32_t slot = n_cached + i;
       tokens.push_back(seq_tokens[i]);
-      positions.push_back(pos);
-      slots.push_back(static_cast<int64_t>(kv_blocks[pos / kKvBlockTokens]) * kKvBlockTokens +
-                      pos % kKvBlockTokens);
+      positions.push_back(first_position + i);
+      slots.push_back(static_cast<int64_t>(kv_blocks[slot / kKvBlockTokens]) * kKvBlockTokens +
+                      slot % kKvBlockTokens);
     }
+    max_position = std::max(max_position, first_position + n - 1);
+    for (int32_t p : key_positions) max_position = std::max(max_position, p);
     for (int32_t i = n - n_logits; i < n; ++i) logit_rows.push_back(first + i);
-    sequences.push_back({first, n, n_cached, std::move(kv_blocks)});
+    sequences.push_back({first, n, n_cached, std::move(kv_blocks), std::move(key_positions)});
   }
 
   void Clear() {
@@ -49,6 +62,7 @@ struct RaggedBatch {
     slots.clear();
     sequences.clear();
     logit_rows.clear();
+    max_position = -1;
   }
 };
 

@@ -54,6 +54,35 @@ Status ForwardPass::Validate(const RaggedBatch& b, std::span<const KvLayerView> 
     next += s.n_tokens;
   }
   if (next != n) return Status::Error("batch: sequences do not cover the tokens exactly");
+  const bool rope_keys = kv[0].NeedsRopeTable();
+  for (const BatchSequence& s : b.sequences) {
+    const int32_t n_keys = s.n_cached + s.n_tokens;
+    if (!s.key_positions.empty()) {
+      if (static_cast<int32_t>(s.key_positions.size()) != n_keys) {
+        return Status::Error("batch: a sequence's key positions do not cover its keys");
+      }
+      for (int32_t i = 0; i < s.n_tokens; ++i) {
+        if (s.key_positions[s.n_cached + i] != b.positions[s.first_token + i]) {
+          return Status::Error("batch: a token's position differs from its key's position");
+        }
+      }
+    } else if (rope_keys) {
+      // Keys whose coding depends on RoPE are found by slot: slot i must be position i.
+      for (int32_t i = 0; i < s.n_tokens; ++i) {
+        if (b.positions[s.first_token + i] != s.n_cached + i) {
+          return Status::Error("batch: positions differ from slots but no key positions given");
+        }
+      }
+    }
+  }
+  for (int32_t p : b.positions) {
+    if (p < 0) return Status::Error("batch: negative position");
+  }
+  if (rope_keys && b.max_position >= kv[0].rope_positions) {
+    return Status::Error(
+        StrFormat("batch: position %d is past the KV storage's RoPE table (%d positions reserved)",
+                  b.max_position, kv[0].rope_positions));
+  }
   for (int32_t row : b.logit_rows) {
     if (row < 0 || row >= n) return Status::Error("batch: logit row out of range");
   }
@@ -111,16 +140,24 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
     }
   }
   write_runs_.push_back(n);
-  const bool rope_table = !kv.empty() && kv[0].NeedsRopeTable();
-  if (rope_table) {
-    int32_t max_pos = 0;
-    for (int32_t p : b.positions) max_pos = std::max(max_pos, p);
-    const int32_t need = max_pos / kKvBlockTokens + 1;
-    if (need > rope_table_blocks_) {
-      const int32_t blocks = std::max(need, 2 * rope_table_blocks_);
-      rope_table_.resize(static_cast<size_t>(blocks) * c_.n_rot * kKvBlockTokens);
-      FillRopeTable(rope, rope_table_blocks_, blocks - rope_table_blocks_, rope_table_.data());
-      rope_table_blocks_ = blocks;
+  // Sequences whose keys sit at other positions than their slots: their keys' RoPE rows, in slot
+  // order, for the key codings that depend on RoPE (KvHeadView::rope_table).
+  key_rope_.assign(b.sequences.size(), {});
+  if (kv[0].NeedsRopeTable()) {
+    for (size_t si = 0; si < b.sequences.size(); ++si) {
+      const std::vector<int32_t>& positions = b.sequences[si].key_positions;
+      if (positions.empty()) continue;
+      const int32_t n_rot = kv[0].n_rot;
+      const size_t n_blocks = (positions.size() + kKvBlockTokens - 1) / kKvBlockTokens;
+      std::vector<float>& rows = key_rope_[si];
+      rows.assign(n_blocks * n_rot * kKvBlockTokens, 0.0f);
+      std::vector<float> cos_sin(n_rot);
+      for (size_t j = 0; j < positions.size(); ++j) {
+        RopeFromTable(kv[0].rope_table, n_rot, positions[j], cos_sin.data());
+        float* block = rows.data() + (j / kKvBlockTokens) * n_rot * kKvBlockTokens;
+        for (int32_t r = 0; r < n_rot; ++r)
+          block[r * kKvBlockTokens + j % kKvBlockTokens] = cos_sin[r];
+      }
     }
   }
 
@@ -152,14 +189,8 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
         ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
       }
     });
-    KvLayerView layer = kv[l];
-    if (rope_table) {
-      layer.rope_table = rope_table_.data();
-      layer.n_rot = c_.n_rot;
-      layer.rope_neox = c_.rope_neox;
-    }
-    WriteKv(b, layer);
-    Attention(b, layer);
+    WriteKv(b, kv[l]);
+    Attention(b, kv[l]);
     MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
 
@@ -229,7 +260,9 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
             att_.data() + i * c_.n_head * c_.head_dim_v + static_cast<size_t>(h) * c_.head_dim_v;
         n_keys[k] = seq.n_cached + t + 1;  // causal: itself and everything before
       }
-      Attend(shape, kv.Head(g, seq.kv_blocks.data()), q, n_keys, count, out);
+      const std::vector<float>& key_rope = key_rope_[chunk.seq];
+      Attend(shape, kv.Head(g, seq.kv_blocks.data(), key_rope.empty() ? nullptr : key_rope.data()),
+             q, n_keys, count, out);
     }
   });
 }

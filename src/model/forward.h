@@ -59,11 +59,9 @@ class ForwardPass {
   AlignedBuffer up_;    // [n][n_ff]
   AlignedBuffer proj_;  // [n][max(n_embd, ...)] output of wo / w_down
   AlignedBuffer rope_;  // [n][n_rot] cos/sin per token
-  // RopeTable (attention.h) of positions [0, 16 * rope_table_blocks_), for caches whose keys are
-  // stored less their RoPE-turned offset or whitened before RoPE (KvLayerView::NeedsRopeTable);
-  // grown to the largest position seen.
-  std::vector<float> rope_table_;
-  int32_t rope_table_blocks_ = 0;
+  // Per sequence of the batch: its keys' RoPE rows in slot order, where its key positions are
+  // not its slots (BatchSequence::key_positions) and the key coding depends on RoPE; else empty.
+  std::vector<std::vector<float>> key_rope_;
 };
 
 }  // namespace kvs

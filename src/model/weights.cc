@@ -1,9 +1,11 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "kernels/repack.h"
 #include "model/check_tensors.h"
+#include "model/weights_digest.h"
 #include "tensor/quantize.h"
 
 namespace kvs {
@@ -104,6 +106,12 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
   std::unique_ptr<Model> m(new Model());
   m->file_ = std::move(file);
   KVS_ASSIGN_OR_RETURN(m->config_, ReadModelConfig(*m->file_));
+  {  // before loading repacks matrices in place
+    const auto t0 = std::chrono::steady_clock::now();
+    m->weights_digest_ = DigestFileBytes(m->file_->bytes(), m->file_->size());
+    m->weights_digest_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   // Before the weights load: loading repacks matrices in place, and the check reports
   // indices in the file's layout.
   if (options.check_tensors) KVS_RETURN_IF_ERROR(CheckTensorValues(*m->file_));

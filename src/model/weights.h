@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/digest.h"
 #include "core/status.h"
 #include "gguf/gguf_reader.h"
 #include "kernels/matmul.h"
@@ -59,11 +60,18 @@ class Model {
   const gguf::File& file() const { return *file_; }
   // Bytes of weights read for one decode step (every matrix once, one embedding row).
   size_t WeightBytesPerToken() const;
+  // Digest of the whole file as it was read, before any repacking (weights_digest.h): two
+  // files that differ in any byte differ here, so KV computed with one is never taken for the
+  // other's.
+  const Digest128& weights_digest() const { return weights_digest_; }
+  double weights_digest_seconds() const { return weights_digest_seconds_; }
 
  private:
   std::unique_ptr<gguf::File> file_;
   ModelConfig config_;
   ModelWeights weights_;
+  Digest128 weights_digest_;
+  double weights_digest_seconds_ = 0;
 };
 
 }  // namespace kvs

@@ -1,0 +1,54 @@
+// One construction path: everything that runs a model over a paged KV cache (the API's engine,
+// `generate`, `perplexity`, every bench, the tests) is built here, so that a new engine option
+// (a KV format detail, a drafter, a block store) is added once. The builder makes the KV format
+// (kv_format_factory.h) and hands it to the storage of whatever it builds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "engine/async_engine.h"
+#include "engine/engine.h"
+#include "engine/kv_format_factory.h"
+#include "engine/model_runner.h"
+#include "engine/single_sequence.h"
+#include "model/weights.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvs {
+
+// A synchronous engine and the runner it steps (the engine holds a reference to it).
+struct LocalEngine {
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<Engine> engine;
+};
+
+class EngineBuilder {
+ public:
+  // tokenizer: for the built-in calibration paragraph (null: fixed pseudo-random tokens).
+  EngineBuilder(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
+                KvFormatOptions kv = {});
+
+  // The KV format at this block size and context (the context a constant key offset is
+  // averaged over); made once per pair, calibrating where the K type needs it.
+  Expected<KvFormatPtr> Format(int32_t block_size, int32_t n_ctx);
+
+  // The model runner over config.n_blocks blocks of config.block_size.
+  Expected<std::unique_ptr<ModelRunner>> Runner(const EngineConfig& config);
+  Expected<LocalEngine> Local(const EngineConfig& config);
+  Expected<std::unique_ptr<AsyncEngine>> Async(const EngineConfig& config);
+  // One sequence of up to n_ctx positions over a private cache (perplexity, bench speed).
+  Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
+
+ private:
+  const Model& model_;
+  const Tokenizer* tokenizer_;
+  ThreadPool& pool_;
+  KvFormatOptions kv_;
+  KvFormatPtr format_;  // the last one made, and the context it was made for
+  int32_t format_ctx_ = 0;
+};
+
+}  // namespace kvs

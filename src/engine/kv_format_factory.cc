@@ -1,0 +1,73 @@
+#include "engine/kv_format_factory.h"
+
+#include <chrono>
+#include <utility>
+
+#include "core/log.h"
+#include "core/text_file.h"
+#include "engine/key_offsets.h"
+
+namespace kvs {
+
+KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size, KvTypes types) {
+  return KvGeometry{c.n_layer,  c.n_head_kv, c.head_dim_k, c.head_dim_v,
+                    block_size, types.k,     types.v};
+}
+
+KvRope ModelKvRope(const Model& model) {
+  const ModelConfig& c = model.config();
+  return KvRope{c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
+                model.weights().rope_freqs};
+}
+
+Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path,
+                                                         const Tokenizer& tokenizer) {
+  auto text = ReadTextFile(path, int64_t{64} << 20);
+  if (!text.ok()) return Status::Error("--kv-calibration: " + text.error());
+  std::vector<int32_t> tokens =
+      tokenizer.Encode(*text, /*add_special=*/true, /*parse_special=*/false);
+  if (tokens.size() > kMaxCalibrationTokens) tokens.resize(kMaxCalibrationTokens);
+  if (tokens.size() < 16) {
+    return Status::Error(
+        StrFormat("--kv-calibration %s: %zu tokens; the key statistics need at least 16",
+                  path.c_str(), tokens.size()));
+  }
+  return tokens;
+}
+
+Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
+                                   const KvFormatOptions& options) {
+  const ModelConfig& c = model.config();
+  const KvGeometry geometry = ModelKvGeometry(c, options.block_size, options.types);
+  KVS_RETURN_IF_ERROR(geometry.Validate());
+  const KvRope rope = ModelKvRope(model);
+  if (!KvTypeIsQuantized(options.types.k) || !options.calibrate) {
+    return KvFormat::Make(geometry, rope, {}, {});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KvCalibration calibration;
+  std::vector<int32_t> tokens = options.calibration_tokens;
+  calibration.source = options.calibration_source;
+  if (tokens.empty()) {
+    tokens = KeyCalibrationTokens(tokenizer, c.n_vocab);
+    if (tokenizer == nullptr) calibration.source = "fixed pseudo-random tokens";
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= c.n_vocab) return Status::Error("calibration token outside the vocabulary");
+  }
+  calibration.tokens = DigestBytes(tokens.data(), tokens.size() * sizeof(int32_t));
+  calibration.offset_context = options.n_ctx;
+  KeyCoding coding = MeasureKeyCoding(model, pool, tokens, options.types.k, options.n_ctx);
+  calibration.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto format = KvFormat::Make(geometry, rope, std::move(coding), std::move(calibration));
+  if (!format.ok()) return format;
+  const KvFormat& f = **format;
+  KVS_LOG_INFO("kv: %s keys calibrated (%s) on the %s, %zu tokens, in %.0f ms",
+               std::string(KvTypeName(options.types.k)).c_str(),
+               KeyCodingKindName(f.key_coding_kind()), f.calibration().source.c_str(),
+               tokens.size(), 1e3 * f.calibration().seconds);
+  return format;
+}
+
+}  // namespace kvs

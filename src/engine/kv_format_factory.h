@@ -1,0 +1,48 @@
+// The one place a KV format (kv/kv_format.h) is made for a model: the geometry from its config,
+// RoPE from its weights, and, for quantized K types, the key coding measured on calibration
+// text (key_offsets.h). The API, perplexity, every bench and the tests all come through here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "kv/kv_format.h"
+#include "model/weights.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvs {
+
+// The K/V geometry of a model's cache with the given pool block size.
+KvGeometry ModelKvGeometry(const ModelConfig& config, int32_t block_size, KvTypes types = {});
+// RoPE as the model applies it, by value.
+KvRope ModelKvRope(const Model& model);
+
+// The most calibration tokens read from a user's file: one prefill of this many tokens.
+inline constexpr size_t kMaxCalibrationTokens = 512;
+
+struct KvFormatOptions {
+  KvTypes types;
+  int32_t block_size = 16;
+  // The context a constant key offset (8-bit K types) is averaged over: part of the format.
+  int32_t n_ctx = 4096;
+  // Measure the key coding of a quantized K type (false: plain quantized keys, for ablations
+  // and tests).
+  bool calibrate = true;
+  // The tokens keys are measured on; empty: the built-in paragraph (KeyCalibrationTokens).
+  std::vector<int32_t> calibration_tokens;
+  std::string calibration_source = "built-in paragraph";
+};
+
+// Tokens of a user's calibration text (--kv-calibration FILE): its first kMaxCalibrationTokens,
+// BOS first where the model adds one. An unreadable or too short file is an error.
+Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path,
+                                                         const Tokenizer& tokenizer);
+
+// Logs one line when it calibrates (what, on which text, how long it took).
+Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
+                                   const KvFormatOptions& options);
+
+}  // namespace kvs
