@@ -2,11 +2,15 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "core/thread_pool.h"
 #include "engine/kv_format_factory.h"
 #include "kernels/kv_types.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvs::cli {
 namespace {
@@ -23,7 +27,98 @@ std::string HumanBytes(double b) {
   return buf;
 }
 
-int RunInspect(const std::string& path, bool all_metadata, int64_t kv_memory) {
+struct InspectArgs {
+  std::string path;
+  bool all = false;
+  bool json = false;
+  std::string kv_memory = "1GiB";
+  // The KV format whose fingerprint is printed.
+  std::string cache_type_k = "f16", cache_type_v = "f16";
+  int32_t n_ctx = 4096;
+  int32_t block_size = 16;
+  std::string kv_calibration;
+  int32_t threads = ThreadPool::DefaultThreadCount();
+};
+
+// The KV format the flags describe, as the engine would make it (calibrating quantized keys).
+Expected<KvFormatPtr> InspectKvFormat(const Model& model, const InspectArgs& a) {
+  KvFormatOptions kv;
+  auto k = ParseKvType(a.cache_type_k);
+  if (!k) return Status::Error("--cache-type-k: " + k.error());
+  auto v = ParseKvType(a.cache_type_v);
+  if (!v) return Status::Error("--cache-type-v: " + v.error());
+  kv.types = {*k, *v};
+  kv.block_size = a.block_size;
+  kv.n_ctx = a.n_ctx;
+  auto tok = Tokenizer::FromGguf(model.file());
+  if (!tok) return Status::Error(tok.error());
+  if (!a.kv_calibration.empty()) {
+    auto tokens = CalibrationTokensFromFile(a.kv_calibration, **tok);
+    if (!tokens) return tokens.status();
+    kv.calibration_tokens = std::move(*tokens);
+    kv.calibration_source = a.kv_calibration;
+  }
+  ThreadPool pool(ThreadPool::ResolveThreadCount(a.threads));
+  return MakeKvFormat(model, tok->get(), pool, kv);
+}
+
+nlohmann::json KvFormatJson(const KvFormat& f) {
+  return {{"cache_type_k", std::string(KvTypeName(f.k_type()))},
+          {"cache_type_v", std::string(KvTypeName(f.v_type()))},
+          {"block_size", f.block_size()},
+          {"key_coding", KeyCodingKindName(f.key_coding_kind())},
+          {"calibration", f.key_coding_kind() == KeyCodingKind::kPlain
+                              ? nlohmann::json(nullptr)
+                              : nlohmann::json(f.calibration().source)},
+          {"calibration_tokens_digest", f.calibration().tokens.Hex()},
+          {"offset_context", f.calibration().offset_context},
+          {"version", kKvFormatVersion},
+          {"bytes_per_token", f.geometry().BytesPerToken()},
+          {"fingerprint", f.fingerprint().Hex()}};
+}
+
+// `inspect --json`: the file, the model, and the two digests a cached KV block depends on.
+int RunInspectJson(const InspectArgs& a) {
+  auto model = Model::Load(a.path, {.mode = gguf::LoadMode::kMap});
+  if (!model) {
+    std::fprintf(stderr, "error: %s\n", model.error().c_str());
+    return 1;
+  }
+  const ModelConfig& c = (*model)->config();
+  const gguf::File& f = (*model)->file();
+  auto format = InspectKvFormat(**model, a);
+  if (!format) {
+    std::fprintf(stderr, "error: %s\n", format.error().c_str());
+    return 1;
+  }
+  nlohmann::json j = {{"file", a.path},
+                      {"gguf_version", f.version()},
+                      {"size_bytes", f.size()},
+                      {"n_tensors", f.tensors().size()},
+                      {"model",
+                       {{"name", c.name},
+                        {"arch", c.arch_name},
+                        {"n_layer", c.n_layer},
+                        {"n_embd", c.n_embd},
+                        {"n_head", c.n_head},
+                        {"n_head_kv", c.n_head_kv},
+                        {"head_dim_k", c.head_dim_k},
+                        {"head_dim_v", c.head_dim_v},
+                        {"n_vocab", c.n_vocab},
+                        {"n_ctx_train", c.n_ctx_train},
+                        {"weight_bytes_per_token", (*model)->WeightBytesPerToken()}}},
+                      {"weights_digest", (*model)->weights_digest().Hex()},
+                      {"weights_digest_seconds", (*model)->weights_digest_seconds()},
+                      {"n_ctx", a.n_ctx},
+                      {"kv_format", KvFormatJson(**format)},
+                      {"kv_format_fingerprint", (*format)->fingerprint().Hex()}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
+int RunInspect(const InspectArgs& a, int64_t kv_memory) {
+  const std::string& path = a.path;
+  const bool all_metadata = a.all;
   auto file = gguf::File::Open(path);
   if (!file) {
     std::fprintf(stderr, "error: %s\n", file.error().c_str());
@@ -93,18 +188,22 @@ int RunInspect(const std::string& path, bool all_metadata, int64_t kv_memory) {
   }
   std::printf("  KV cache at the training context (%d), f16: %s\n", c.n_ctx_train,
               HumanBytes(f16_per_token * c.n_ctx_train).c_str());
+  std::printf("digests (what a cached KV block depends on besides its tokens):\n");
+  std::printf("  weights: %s (%.0f ms)\n", (*model)->weights_digest().Hex().c_str(),
+              1e3 * (*model)->weights_digest_seconds());
+  auto format = InspectKvFormat(**model, a);
+  if (!format) {
+    std::fprintf(stderr, "error: %s\n", format.error().c_str());
+    return 1;
+  }
+  std::printf("  KV format (-c %d): %s\n", a.n_ctx, (*format)->Describe().c_str());
   return 0;
 }
 
 }  // namespace
 
 Runner AddInspectCommand(CLI::App& root) {
-  struct Args {
-    std::string path;
-    bool all = false;
-    std::string kv_memory = "1GiB";
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<InspectArgs>();
   CLI::App* cmd =
       root.add_subcommand("inspect", "Print a GGUF file's metadata, tensors and memory needs");
   cmd->add_option("model", a->path, "GGUF file")->required();
@@ -112,14 +211,33 @@ Runner AddInspectCommand(CLI::App& root) {
   cmd->add_option("--kv-memory", a->kv_memory,
                   "KV cache size for the tokens-that-fit table (512M, 4G, 2GiB, 25%)")
       ->capture_default_str();
+  cmd->add_option("--cache-type-k", a->cache_type_k,
+                  "KV cache type of keys, for the KV format fingerprint; also -ctk")
+      ->capture_default_str();
+  cmd->add_option("--cache-type-v", a->cache_type_v, "KV cache type of values; also -ctv")
+      ->capture_default_str();
+  cmd->add_option("-c,--ctx-size", a->n_ctx,
+                  "Context (an 8-bit key offset is averaged over it: part of the KV format)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--block-size", a->block_size, "Positions per KV block (a multiple of 16)")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 1024));
+  cmd->add_option("--kv-calibration", a->kv_calibration, kKvCalibrationHelp);
+  cmd->add_option("-t,--threads", a->threads, kThreadsHelp)
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag("--json", a->json,
+                "Print one JSON object: the model, weights_digest and kv_format_fingerprint");
   return [a] {
+    if (a->json) return RunInspectJson(*a);
     int64_t kv_memory = 0;
     std::string error;
     if (!ParseMemorySize(a->kv_memory, &kv_memory, &error)) {
       std::fprintf(stderr, "error: %s\n", error.c_str());
       return 1;
     }
-    return RunInspect(a->path, a->all, kv_memory);
+    return RunInspect(*a, kv_memory);
   };
 }
 
