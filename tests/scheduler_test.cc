@@ -27,7 +27,7 @@ int32_t NextToken(const std::vector<int32_t>& tokens, size_t n) {
 }
 
 struct RunRecord {
-  SeqId seq;
+  int64_t seq;  // SeqId::value
   int32_t n_computed;
   int32_t n_tokens;
   bool operator==(const RunRecord&) const = default;
@@ -42,7 +42,7 @@ class FakeRunner final : public StepRunner {
     int32_t row = 0;
     for (const ScheduledRun& r : step.runs) {
       const Sequence& s = *r.seq;
-      steps.back().push_back({s.id, s.n_computed, r.n_tokens});
+      steps.back().push_back({s.id.value, s.n_computed, r.n_tokens});
       // The tables must already hold the slots this step writes.
       EXPECT_GE(step.kv->Table(s.id).num_tokens, s.n_computed + r.n_tokens);
       if (!RunSamples(r)) continue;
@@ -274,14 +274,15 @@ TEST(Scheduler, ForkSharesThePromptAndCopiesThePartialBlockOnWrite) {
   // One prefill, then three choices sharing both blocks.
   EXPECT_EQ(runner.steps[0], (std::vector<RunRecord>{{1, 0, 6}}));
   EXPECT_EQ(e.scheduler().running().size(), 3u);
-  EXPECT_EQ(e.kv().pool().ref_count(1), 3);
-  EXPECT_EQ(e.kv().pool().ref_count(2), 3);
+  EXPECT_EQ(e.kv().pool().ref_count(BlockId{1}), 3);
+  EXPECT_EQ(e.kv().pool().ref_count(BlockId{2}), 3);
   ASSERT_TRUE(e.Step().ok());
   // The first two writers copy the shared partial block; the last one then holds it alone.
-  EXPECT_EQ(runner.copies, (std::vector<BlockCopy>{{2, 3}, {2, 4}}));
-  EXPECT_EQ(e.kv().Table(1).blocks, (std::vector<int32_t>{1, 3}));
-  EXPECT_EQ(e.kv().Table(2).blocks, (std::vector<int32_t>{1, 4}));
-  EXPECT_EQ(e.kv().Table(3).blocks, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(runner.copies,
+            (std::vector<BlockCopy>{{BlockId{2}, BlockId{3}}, {BlockId{2}, BlockId{4}}}));
+  EXPECT_EQ(e.kv().Table(SeqId{1}).blocks, (std::vector<BlockId>{BlockId{1}, BlockId{3}}));
+  EXPECT_EQ(e.kv().Table(SeqId{2}).blocks, (std::vector<BlockId>{BlockId{1}, BlockId{4}}));
+  EXPECT_EQ(e.kv().Table(SeqId{3}).blocks, (std::vector<BlockId>{BlockId{1}, BlockId{2}}));
   RunToEnd(e);
   for (int32_t choice = 0; choice < 3; ++choice) {
     EXPECT_EQ(c.tokens[choice], Expected(Prompt(6, 0), 3)) << choice;  // greedy: all the same
