@@ -1,6 +1,8 @@
 // The block pool with exact block ids, checking every invariant after each step.
 #include <gtest/gtest.h>
 
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -99,6 +101,11 @@ TEST(BlockPool, MisuseIsRefusedWithoutDamage) {
   ExpectIntact(pool);
   EXPECT_EQ(pool.ref_count(BlockId{1}), 1);
   EXPECT_EQ(pool.num_free(), 2);
+  // A refused list leaves Free's scratch counts clean: the same list is fine once it is valid.
+  ASSERT_TRUE(pool.Ref(BlockId{1}).ok());
+  ASSERT_TRUE(pool.Free(B({1, 1})).ok());
+  EXPECT_EQ(pool.ref_count(BlockId{1}), 0);
+  ExpectIntact(pool);
 }
 
 // --- Block tables over the pool: fake sequences, exact block ids, integrity after each step.
@@ -322,6 +329,211 @@ TEST(PrefixCache, SaltsAndModelsNeverShare) {
   Serve(off, SeqId{1}, a, PrefixCacheKey("model", "f32", ""));
   EXPECT_EQ(off.Match(a.data(), 9, PrefixCacheKey("model", "f32", "")).n_tokens, 0);
   EXPECT_EQ(off.num_cached_blocks(), 0);
+}
+
+// --- Truncate (rollback): exact block ids, the prefix index checked after each step.
+
+TEST(KvCacheManager, TruncateFreesTheBlocksPastTheNewEndTailFirst) {
+  KvCacheManager kv(9, 4);                // 8 usable blocks of 4
+  ASSERT_TRUE(Append(kv, SeqId{1}, 14));  // 1 2 3 4 (4 half full)
+  ASSERT_TRUE(Append(kv, SeqId{2}, 4));   // 5
+  ASSERT_TRUE(kv.Truncate(SeqId{1}, 5).ok());
+  ExpectIntact(kv);
+  EXPECT_EQ(Raw(kv.Table(SeqId{1}).blocks), (Ids{1, 2}));
+  EXPECT_EQ(kv.Table(SeqId{1}).num_tokens, 5);
+  EXPECT_EQ(kv.num_free_blocks(), 5);
+  // The kept partial block 2 is written in place, no copy; position 8 opens a new block.
+  std::vector<BlockCopy> copies;
+  EXPECT_EQ(kv.BlocksToAppend(SeqId{1}, 3), 0);
+  ASSERT_TRUE(Append(kv, SeqId{1}, 3, &copies));
+  EXPECT_TRUE(copies.empty());
+  EXPECT_EQ(Raw(kv.Table(SeqId{1}).blocks), (Ids{1, 2}));
+  // Free list: 6 7 8 (never used), then 4 3 (the truncated tail, last block first).
+  ASSERT_TRUE(Append(kv, SeqId{3}, 20));
+  EXPECT_EQ(Raw(kv.Table(SeqId{3}).blocks), (Ids{6, 7, 8, 4, 3}));
+  // At a block boundary nothing partial is kept; to 0 the table stays, empty.
+  ASSERT_TRUE(kv.Truncate(SeqId{3}, 8).ok());
+  ExpectIntact(kv);
+  EXPECT_EQ(Raw(kv.Table(SeqId{3}).blocks), (Ids{6, 7}));
+  ASSERT_TRUE(kv.Truncate(SeqId{3}, 8).ok());  // to its own length: nothing changes
+  EXPECT_EQ(Raw(kv.Table(SeqId{3}).blocks), (Ids{6, 7}));
+  ASSERT_TRUE(kv.Truncate(SeqId{3}, 0).ok());
+  ExpectIntact(kv);
+  EXPECT_TRUE(kv.Contains(SeqId{3}));
+  EXPECT_TRUE(kv.Table(SeqId{3}).blocks.empty());
+  EXPECT_EQ(kv.num_free_blocks(), 5);
+  // Free list: 3 4 8 (the first truncation, last block first), then 7 6.
+  ASSERT_TRUE(Append(kv, SeqId{4}, 20));
+  EXPECT_EQ(Raw(kv.Table(SeqId{4}).blocks), (Ids{3, 4, 8, 7, 6}));
+}
+
+TEST(KvCacheManager, TruncateRefusesBadLengthsWithoutChange) {
+  KvCacheManager kv(9, 4);
+  ASSERT_TRUE(Append(kv, SeqId{1}, 6));  // 1 2
+  EXPECT_FALSE(kv.Truncate(SeqId{1}, 7).ok());
+  EXPECT_FALSE(kv.Truncate(SeqId{1}, -1).ok());
+  EXPECT_EQ(Raw(kv.Table(SeqId{1}).blocks), (Ids{1, 2}));
+  EXPECT_EQ(kv.Table(SeqId{1}).num_tokens, 6);
+  EXPECT_TRUE(kv.Truncate(SeqId{5}, 0).ok());  // absent reads as empty
+  EXPECT_FALSE(kv.Contains(SeqId{5}));
+  EXPECT_FALSE(kv.Truncate(SeqId{5}, 1).ok());
+  ExpectIntact(kv);
+}
+
+TEST(KvCacheManager, TruncateDropsAReservationPastTheNewEnd) {
+  KvCacheManager kv(9, 4);
+  ASSERT_TRUE(kv.Reserve(SeqId{1}, 16));  // 1 2 3 4
+  ASSERT_TRUE(Append(kv, SeqId{1}, 10));
+  ASSERT_TRUE(kv.Truncate(SeqId{1}, 3).ok());
+  ExpectIntact(kv);
+  EXPECT_EQ(Raw(kv.Table(SeqId{1}).blocks), (Ids{1}));
+  EXPECT_EQ(kv.num_free_blocks(), 7);
+}
+
+TEST(PrefixCache, TruncateUnindexesAKeptPartialBlockAndFreedBlocksKeepTheirHash) {
+  KvCacheManager kv(17, 4);
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  const std::vector<int32_t> a = Tokens(13, 100);
+  Serve(kv, SeqId{1}, a, key);  // 1 2 3 indexed, 4 partial
+  ASSERT_EQ(kv.num_cached_blocks(), 3);
+  ASSERT_TRUE(kv.Truncate(SeqId{1}, 6).ok());
+  ExpectIntact(kv);
+  EXPECT_EQ(Raw(kv.Table(SeqId{1}).blocks), (Ids{1, 2}));
+  EXPECT_EQ(kv.Table(SeqId{1}).hashes.size(), 1u);
+  // Block 2 (kept, now partial) left the index; block 3 (freed) keeps its hash like any freed
+  // block, though with its parent gone no chain reaches it until LRU eviction reuses it.
+  EXPECT_EQ(kv.num_cached_blocks(), 2);
+  EXPECT_EQ(Raw(kv.Match(a.data(), 13, key).blocks), (Ids{1}));
+  // Different tokens at positions 6, 7 are written into block 2 in place, then indexed anew.
+  std::vector<int32_t> b(a.begin(), a.begin() + 6);
+  b.push_back(7);
+  b.push_back(8);
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(Append(kv, SeqId{1}, 2, &copies));
+  EXPECT_TRUE(copies.empty());
+  std::vector<BlockHash> hashes;
+  kv.HashFullBlocks(b.data(), 8, key, &hashes);
+  kv.CommitFullBlocks(SeqId{1}, hashes, 8);
+  ExpectIntact(kv);
+  EXPECT_EQ(kv.num_cached_blocks(), 3);
+  b.push_back(9);
+  EXPECT_EQ(Raw(kv.Match(b.data(), 9, key).blocks), (Ids{1, 2}));
+  EXPECT_EQ(Raw(kv.Match(a.data(), 13, key).blocks), (Ids{1}));
+}
+
+TEST(PrefixCache, TruncateOfASharedPrefixCopiesBeforeWritingAndKeepsTheOtherHolderIntact) {
+  KvCacheManager kv(17, 4);
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  const std::vector<int32_t> a = Tokens(13, 100);
+  Serve(kv, SeqId{1}, a, key);  // 1 2 3 4
+  Serve(kv, SeqId{2}, a, key);  // shares 1 2 3, then 5
+  ASSERT_EQ(Raw(kv.Table(SeqId{2}).blocks), (Ids{1, 2, 3, 5}));
+  ASSERT_TRUE(kv.Truncate(SeqId{2}, 6).ok());
+  ExpectIntact(kv);
+  EXPECT_EQ(Raw(kv.Table(SeqId{2}).blocks), (Ids{1, 2}));
+  EXPECT_EQ(kv.pool().ref_count(BlockId{2}), 2);
+  EXPECT_EQ(kv.pool().ref_count(BlockId{3}), 1);  // seq 1's alone now
+  EXPECT_EQ(kv.pool().ref_count(BlockId{5}), 0);
+  // Block 2 is partial in seq 2's table: out of the index even though seq 1 holds it full
+  // (were seq 1 to finish first, seq 2 would write it in place).
+  EXPECT_EQ(kv.num_cached_blocks(), 2);
+  EXPECT_EQ(Raw(kv.Match(a.data(), 13, key).blocks), (Ids{1}));
+  // Seq 2's next write copies shared block 2 first (free list: 6..16, then 5).
+  std::vector<BlockCopy> copies;
+  EXPECT_EQ(kv.BlocksToAppend(SeqId{2}, 1), 1);
+  ASSERT_TRUE(Append(kv, SeqId{2}, 1, &copies));
+  EXPECT_EQ(copies, (std::vector<BlockCopy>{{BlockId{2}, BlockId{6}}}));
+  EXPECT_EQ(Raw(kv.Table(SeqId{2}).blocks), (Ids{1, 6}));
+  EXPECT_EQ(Raw(kv.Table(SeqId{1}).blocks), (Ids{1, 2, 3, 4}));
+  EXPECT_EQ(kv.pool().ref_count(BlockId{2}), 1);
+  kv.Free(SeqId{1});
+  ExpectIntact(kv);
+  EXPECT_EQ(kv.num_cached_blocks(), 2);  // 1 (held by seq 2) and 3 (free, hash kept)
+}
+
+// --- Block hashes: the keys are fixed, and a kept hash list matches as the tokens do.
+
+TEST(PrefixCache, BlockHashesAreTheKeysTheyAlwaysWere) {
+  // Recorded from the one-buffer XXH3 of (parent, key, tokens) that the streamed hash
+  // replaced: prefix-cache keys must not change (covers XXH3's short, mid and long inputs).
+  const std::vector<std::pair<int32_t, std::vector<BlockHash>>> golden = {
+      {4,
+       {{0x702727cb6eb0d552ull, 0xfc4dc4c52d81a9a7ull},
+        {0xb3edcab6442c94eeull, 0x772ffbcac734a239ull},
+        {0xf545afc3c3329b51ull, 0x3049c2eb9ca2320full}}},
+      {16,
+       {{0xa815a29ff40fe5d0ull, 0xfbfb794ea4ee3c1cull},
+        {0x04e5a03f69312247ull, 0x931a6b66aeabfadbull},
+        {0x657589ee3f44b203ull, 0x7c62c156b17d15c1ull}}},
+      {64,
+       {{0xe2ebca308133d8ebull, 0x12f577db84ddeec2ull},
+        {0xfb768cfc98b1f7eeull, 0xa1dde962d1764a73ull},
+        {0x0d0466cf29fa2793ull, 0x7274af18f3ad033full}}},
+  };
+  const BlockHash key = PrefixCacheKey("model", "q8_0/f16", "salt");
+  EXPECT_EQ(key, (BlockHash{0xa2f5486afd16c9a2ull, 0xafd045ee15197b60ull}));
+  for (const auto& [block_size, want] : golden) {
+    KvCacheManager kv(9, block_size);
+    kv.set_prefix_caching(true);
+    std::vector<int32_t> t(3 * block_size + 1);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>(i * 7919 % 32000);
+    std::vector<BlockHash> hashes;
+    kv.HashFullBlocks(t.data(), static_cast<int32_t>(t.size()), key, &hashes);
+    EXPECT_EQ(hashes, want) << block_size;
+  }
+}
+
+TEST(PrefixCache, MatchOnAKeptHashListEqualsMatchOnTheTokens) {
+  KvCacheManager kv(33, 4);
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  const std::vector<int32_t> a = Tokens(14, 100);
+  Serve(kv, SeqId{1}, a, key);  // 1 2 3 indexed
+  kv.Free(SeqId{1});            // all three free, still indexed: n_free counts them
+  for (int32_t diverge : {-1, 1, 5, 9}) {
+    std::vector<int32_t> t = Tokens(18, 100);
+    if (diverge >= 0) t[diverge] = 999;
+    std::vector<BlockHash> hashes;
+    kv.HashFullBlocks(t.data(), 18, key, &hashes);  // every full block: more than a match uses
+    ASSERT_EQ(hashes.size(), 4u);
+    for (int32_t n = 0; n <= 18; ++n) {
+      const int64_t hashed = kv.num_blocks_hashed();
+      const PrefixMatch kept = kv.Match(hashes, n);
+      EXPECT_EQ(kv.num_blocks_hashed(), hashed);  // the kept list is not hashed again
+      const PrefixMatch fresh = kv.Match(t.data(), n, key);
+      EXPECT_EQ(Raw(kept.blocks), Raw(fresh.blocks)) << diverge << " " << n;
+      EXPECT_EQ(kept.hashes, fresh.hashes);
+      EXPECT_EQ(kept.n_tokens, fresh.n_tokens);
+      EXPECT_EQ(kept.n_free, fresh.n_free);
+    }
+  }
+  std::vector<BlockHash> hashes;
+  kv.HashFullBlocks(a.data(), 14, key, &hashes);
+  EXPECT_EQ(Raw(kv.Match(hashes, 14).blocks), (Ids{1, 2, 3}));
+  EXPECT_EQ(kv.Match(hashes, 14).n_free, 3);
+  // A list shorter than the tokens bounds the match; hashing it again adds nothing.
+  EXPECT_EQ(Raw(kv.Match(std::span(hashes).first(2), 14).blocks), (Ids{1, 2}));
+  const int64_t hashed = kv.num_blocks_hashed();
+  kv.HashFullBlocks(a.data(), 14, key, &hashes);
+  EXPECT_EQ(kv.num_blocks_hashed(), hashed);
+  EXPECT_EQ(hashes.size(), 3u);
+}
+
+TEST(PrefixCache, CommitRegistersOnlyBlocksWithAHash) {
+  KvCacheManager kv(17, 4);
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  const std::vector<int32_t> t = Tokens(12, 100);
+  ASSERT_TRUE(Append(kv, SeqId{1}, 12));  // 1 2 3, all computed
+  // Positions 7..11 are drafts in flight: only the 7 committed tokens are hashed.
+  std::vector<BlockHash> hashes;
+  kv.HashFullBlocks(t.data(), 7, key, &hashes);
+  kv.CommitFullBlocks(SeqId{1}, hashes, 12);
+  ExpectIntact(kv);
+  EXPECT_EQ(kv.Table(SeqId{1}).hashes.size(), 1u);
+  EXPECT_EQ(kv.num_cached_blocks(), 1);
 }
 
 TEST(KvCacheManager, WatermarkLimitsAdmission) {
