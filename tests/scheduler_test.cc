@@ -27,7 +27,7 @@ int32_t NextToken(const std::vector<int32_t>& tokens, size_t n) {
 }
 
 struct RunRecord {
-  SeqId seq;
+  int64_t seq;  // SeqId::value
   int32_t n_computed;
   int32_t n_tokens;
   bool operator==(const RunRecord&) const = default;
@@ -42,7 +42,7 @@ class FakeRunner final : public StepRunner {
     int32_t row = 0;
     for (const ScheduledRun& r : step.runs) {
       const Sequence& s = *r.seq;
-      steps.back().push_back({s.id, s.n_computed, r.n_tokens});
+      steps.back().push_back({s.id.value, s.n_computed, r.n_tokens});
       // The tables must already hold the slots this step writes.
       EXPECT_GE(step.kv->Table(s.id).num_tokens, s.n_computed + r.n_tokens);
       if (!RunSamples(r)) continue;
@@ -274,14 +274,15 @@ TEST(Scheduler, ForkSharesThePromptAndCopiesThePartialBlockOnWrite) {
   // One prefill, then three choices sharing both blocks.
   EXPECT_EQ(runner.steps[0], (std::vector<RunRecord>{{1, 0, 6}}));
   EXPECT_EQ(e.scheduler().running().size(), 3u);
-  EXPECT_EQ(e.kv().pool().ref_count(1), 3);
-  EXPECT_EQ(e.kv().pool().ref_count(2), 3);
+  EXPECT_EQ(e.kv().pool().ref_count(BlockId{1}), 3);
+  EXPECT_EQ(e.kv().pool().ref_count(BlockId{2}), 3);
   ASSERT_TRUE(e.Step().ok());
   // The first two writers copy the shared partial block; the last one then holds it alone.
-  EXPECT_EQ(runner.copies, (std::vector<BlockCopy>{{2, 3}, {2, 4}}));
-  EXPECT_EQ(e.kv().Table(1).blocks, (std::vector<int32_t>{1, 3}));
-  EXPECT_EQ(e.kv().Table(2).blocks, (std::vector<int32_t>{1, 4}));
-  EXPECT_EQ(e.kv().Table(3).blocks, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(runner.copies,
+            (std::vector<BlockCopy>{{BlockId{2}, BlockId{3}}, {BlockId{2}, BlockId{4}}}));
+  EXPECT_EQ(e.kv().Table(SeqId{1}).blocks, (std::vector<BlockId>{BlockId{1}, BlockId{3}}));
+  EXPECT_EQ(e.kv().Table(SeqId{2}).blocks, (std::vector<BlockId>{BlockId{1}, BlockId{4}}));
+  EXPECT_EQ(e.kv().Table(SeqId{3}).blocks, (std::vector<BlockId>{BlockId{1}, BlockId{2}}));
   RunToEnd(e);
   for (int32_t choice = 0; choice < 3; ++choice) {
     EXPECT_EQ(c.tokens[choice], Expected(Prompt(6, 0), 3)) << choice;  // greedy: all the same
@@ -340,6 +341,138 @@ TEST(Scheduler, BadRequestsAreRefusedWithAMessage) {
   hot.sampling.temperature = -1;
   EXPECT_NE(msg({3}, hot).find("temperature"), std::string::npos);
   EXPECT_FALSE(e.HasWork());
+}
+
+// --- The scheduler alone, on sequences built by hand (drafts in flight have no engine yet).
+
+std::unique_ptr<Sequence> MakeSequence(int64_t id, std::vector<int32_t> prompt,
+                                       const BlockHash& key, int32_t priority = 0) {
+  auto seq = std::make_unique<Sequence>();
+  seq->id = SeqId{id};
+  seq->arrival = id;
+  seq->priority = priority;
+  seq->n_prompt = static_cast<int32_t>(prompt.size());
+  seq->tokens = std::move(prompt);
+  seq->cache_key = key;
+  return seq;
+}
+
+// What Engine::Step does for a run once it is computed (sampling aside).
+void Computed(KvCacheManager& kv, Sequence* seq, int32_t n_tokens) {
+  seq->n_computed += n_tokens;
+  kv.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
+  kv.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
+}
+
+struct PlannedRun {
+  int64_t seq;
+  int32_t n_tokens;
+  int32_t n_logits;
+  bool operator==(const PlannedRun&) const = default;
+};
+std::vector<PlannedRun> Runs(const SchedulePlan& plan) {
+  std::vector<PlannedRun> runs;
+  for (const ScheduledRun& r : plan.runs) runs.push_back({r.seq->id.value, r.n_tokens, r.n_logits});
+  return runs;
+}
+
+TEST(Scheduler, PlanLooksUpWaitingPromptsWithTheHashesKeptFromQueueing) {
+  KvCacheManager kv(33, 4);
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  const std::vector<int32_t> prompt = Prompt(10, 0);
+  // A finished sequence left the prompt's two full blocks (1, 2) in the index.
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(kv.Append(SeqId{99}, 10, &copies));
+  std::vector<BlockHash> done;
+  kv.HashFullBlocks(prompt.data(), 10, key, &done);
+  kv.CommitFullBlocks(SeqId{99}, done, 10);
+  kv.Free(SeqId{99});
+
+  Scheduler sched(SchedulerConfig{4, 64, 0}, kv);
+  auto seq = MakeSequence(1, prompt, key);
+  const int64_t hashed = kv.num_blocks_hashed();
+  sched.AddWaiting(seq.get());
+  EXPECT_EQ(kv.num_blocks_hashed(), hashed + 2);  // hashed once, when queued
+  EXPECT_EQ(seq->block_hashes, done);
+  const PrefixMatch fresh = kv.Match(prompt.data(), 10, key);  // the token-list lookup
+  for (int step = 0; step < 3; ++step) {  // planning does not mutate: the same plan each time
+    const int64_t before = kv.num_blocks_hashed();
+    const SchedulePlan plan = sched.Plan();
+    EXPECT_EQ(kv.num_blocks_hashed(), before);  // Plan hashes nothing
+    ASSERT_EQ(plan.admit_prefix.size(), 1u);
+    const PrefixMatch& m = plan.admit_prefix[0];
+    EXPECT_EQ(m.blocks, (std::vector<BlockId>{BlockId{1}, BlockId{2}}));
+    EXPECT_EQ(m.blocks, fresh.blocks);
+    EXPECT_EQ(m.hashes, fresh.hashes);
+    EXPECT_EQ(m.n_tokens, fresh.n_tokens);
+    EXPECT_EQ(m.n_free, fresh.n_free);
+    EXPECT_EQ(Runs(plan), (std::vector<PlannedRun>{{1, 2, 1}}));  // the 2 uncached tokens
+  }
+  // Running it adds no hash either: the blocks the run fills were hashed at queueing.
+  const int64_t before = kv.num_blocks_hashed();
+  sched.Apply(sched.Plan(), &copies);
+  Computed(kv, seq.get(), 2);
+  EXPECT_EQ(kv.num_blocks_hashed(), before);
+  EXPECT_TRUE(kv.VerifyIntegrity().ok());
+}
+
+TEST(Scheduler, DraftsInFlightAreNotAPrefillAndNeedALogitRowEach) {
+  KvCacheManager kv(33, 4);
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  Scheduler sched(SchedulerConfig{4, 8, 0}, kv);
+  std::vector<BlockCopy> copies;
+  auto d = MakeSequence(1, Prompt(6, 1), key);
+  sched.AddWaiting(d.get());
+  SchedulePlan plan = sched.Plan();
+  EXPECT_EQ(Runs(plan), (std::vector<PlannedRun>{{1, 6, 1}}));  // a whole prompt: its last row
+  sched.Apply(plan, &copies);
+  Computed(kv, d.get(), 6);
+  d->tokens.push_back(7);  // sampled
+  // A higher-priority prompt arrives: it runs ahead of d in queue order.
+  auto p = MakeSequence(2, Prompt(20, 2), key, /*priority=*/5);
+  sched.AddWaiting(p.get());
+  plan = sched.Plan();
+  EXPECT_EQ(Runs(plan),
+            (std::vector<PlannedRun>{{1, 1, 1}, {2, 7, 0}}));  // a middle chunk: no rows
+  sched.Apply(plan, &copies);
+  Computed(kv, d.get(), 1);
+  Computed(kv, p.get(), 7);
+  d->tokens.push_back(8);  // sampled, committed: 8 tokens, 7 computed
+  // Five drafts in flight after it: d still decodes (one committed token left), so it goes
+  // before p's prefill chunk, with a row for its last committed token and one per draft.
+  d->tokens.insert(d->tokens.end(), {9, 10, 11, 12, 13});
+  d->n_in_flight = 5;
+  EXPECT_FALSE(d->in_prefill());
+  EXPECT_EQ(d->n_committed(), 8);
+  EXPECT_EQ(d->n_output(), 2);
+  EXPECT_EQ(d->n_pending(), 6);
+  EXPECT_TRUE(p->in_prefill());
+  EXPECT_EQ(LogitRows(*d, d->n_computed, 3), 3);  // a budget cut: the drafts it reaches
+  plan = sched.Plan();
+  EXPECT_EQ(Runs(plan), (std::vector<PlannedRun>{{1, 6, 6}, {2, 2, 0}}));
+  sched.Apply(plan, &copies);
+  const int32_t cached = kv.num_cached_blocks();
+  Computed(kv, d.get(), 6);
+  // d's second block (positions 4..7, committed) joins the index; its third (8..11) is full
+  // and computed too, but holds drafts only: never hashed, never indexed.
+  EXPECT_EQ(kv.Table(d->id).num_tokens, 13);
+  EXPECT_EQ(kv.Table(d->id).hashes.size(), 2u);
+  EXPECT_EQ(d->block_hashes.size(), 2u);
+  EXPECT_EQ(kv.num_cached_blocks(), cached + 1);
+  // Every draft rejected: d goes back to its committed tokens, the draft blocks to the pool.
+  const int32_t free_before = kv.num_free_blocks();
+  d->tokens.resize(8);
+  d->n_in_flight = 0;
+  d->n_computed = 8;
+  ASSERT_TRUE(kv.Truncate(d->id, 8).ok());
+  EXPECT_EQ(kv.num_free_blocks(), free_before + 2);
+  EXPECT_EQ(kv.Table(d->id).blocks.size(), 2u);
+  EXPECT_TRUE(kv.VerifyIntegrity().ok());
+  d->tokens.push_back(14);  // sampled from the last committed token's row
+  plan = sched.Plan();
+  EXPECT_EQ(Runs(plan), (std::vector<PlannedRun>{{1, 1, 1}, {2, 7, 0}}));
 }
 
 // --- AsyncEngine: the thread-safe front.

@@ -97,7 +97,7 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
 
 Sequence* Engine::NewSequence(RequestId request, int32_t choice, const RequestOptions& options) {
   auto seq = std::make_unique<Sequence>();
-  seq->id = next_seq_++;
+  seq->id = SeqId{next_seq_++};
   seq->request = request;
   seq->choice = choice;
   seq->priority = options.priority;
@@ -181,6 +181,8 @@ void Engine::Fork(Sequence* parent) {
     child->tokens = parent->tokens;
     child->n_prompt = parent->n_prompt;
     child->n_computed = parent->n_computed;
+    child->n_in_flight = parent->n_in_flight;
+    child->block_hashes = parent->block_hashes;
     child->cached_tokens = parent->cached_tokens;
     KVS_CHECK(kv_.Fork(parent->id, child->id).ok());
     scheduler_.AddRunning(child);
@@ -237,9 +239,13 @@ Status Engine::Step(EngineStepStats* stats) {
   copies_.clear();
   scheduler_.Apply(plan, &copies_);
 
-  int32_t n_sampling = 0;
-  for (const ScheduledRun& r : plan.runs) n_sampling += RunSamples(r) ? 1 : 0;
-  logits_.resize(static_cast<size_t>(n_sampling) * runner_.n_vocab());
+  int32_t n_rows = 0;
+  for (const ScheduledRun& r : plan.runs) {
+    // More than one row per run is draft verification, which is not implemented yet.
+    KVS_CHECK(r.n_logits <= 1);
+    n_rows += r.n_logits;
+  }
+  logits_.resize(static_cast<size_t>(n_rows) * runner_.n_vocab());
   const Status status = runner_.Execute(StepInput{plan.runs, copies_, &kv_}, logits_.data());
   if (!status.ok()) {
     // Each sequence is in a plan once, so every r.seq is still alive here.
@@ -256,11 +262,13 @@ Status Engine::Step(EngineStepStats* stats) {
   int32_t row = 0;
   for (const ScheduledRun& r : plan.runs) {
     Sequence* seq = r.seq;
-    const bool samples = RunSamples(r);
     seq->n_computed += r.n_tokens;
-    kv_.CommitFullBlocks(seq->id, seq->tokens.data(), seq->n_computed, seq->cache_key);
-    if (!samples) continue;
-    const float* logits = logits_.data() + static_cast<size_t>(row++) * runner_.n_vocab();
+    // Only committed tokens are hashed, so only they can enter the prefix cache.
+    kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
+    kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
+    if (r.n_logits == 0) continue;
+    const float* logits = logits_.data() + static_cast<size_t>(row) * runner_.n_vocab();
+    row += r.n_logits;
     std::vector<Sequence*> choices{seq};
     if (seq->seats > 1) {
       Fork(seq);

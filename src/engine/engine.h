@@ -95,7 +95,7 @@ class Engine {
   std::map<RequestId, RequestState> requests_;
   std::map<SeqId, std::unique_ptr<Sequence>> sequences_;
   RequestId next_request_ = 1;
-  SeqId next_seq_ = 1;
+  int64_t next_seq_ = 1;
   int64_t next_arrival_ = 0;
   std::vector<BlockCopy> copies_;
   std::vector<float> logits_;

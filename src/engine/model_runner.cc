@@ -11,8 +11,8 @@ Status ModelRunner::Execute(const StepInput& step, float* logits) {
   const int32_t m = storage_.kernel_blocks_per_block();
   for (const BlockCopy& copy : step.copies) {
     for (const KvLayerView& layer : storage_.layers()) {
-      CopyKvBlocks(layer, static_cast<int64_t>(copy.src) * m, static_cast<int64_t>(copy.dst) * m,
-                   m);
+      CopyKvBlocks(layer, static_cast<int64_t>(copy.src.value) * m,
+                   static_cast<int64_t>(copy.dst.value) * m, m);
     }
   }
   batch_.Clear();
@@ -21,11 +21,11 @@ Status ModelRunner::Execute(const StepInput& step, float* logits) {
     const BlockTable& table = step.kv->Table(seq.id);
     std::vector<int32_t> kernel_blocks;
     kernel_blocks.reserve(table.blocks.size() * m);
-    for (int32_t b : table.blocks) {
-      for (int32_t j = 0; j < m; ++j) kernel_blocks.push_back(b * m + j);
+    for (BlockId b : table.blocks) {
+      for (int32_t j = 0; j < m; ++j) kernel_blocks.push_back(b.value * m + j);
     }
     batch_.AddSequence(seq.tokens.data() + seq.n_computed, r.n_tokens, seq.n_computed,
-                       std::move(kernel_blocks), RunSamples(r) ? 1 : 0);
+                       std::move(kernel_blocks), r.n_logits);
   }
   storage_.ReservePositions(batch_.max_position + 1);
   return forward_.Run(batch_, storage_.layers(), logits);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ids.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache_manager.h"
 
@@ -55,26 +56,44 @@ using TokenCallback = std::function<void(const TokenEvent&)>;
 // kWaiting with n_computed = 0; it keeps its tokens and recomputes them when readmitted.
 enum class SeqState { kWaiting, kRunning, kFinished };
 
+// A sequence's tokens, front to back:
+//   [0, n_computed)                K/V in the cache
+//   [n_computed, n_committed())    accepted tokens still to compute: the rest of the prompt
+//                                  (a prefill), or the one token sampled last (a decode)
+//   [n_committed(), tokens.size()) n_in_flight draft tokens: computed with the last committed
+//                                  token to be verified, then kept or truncated away
+// Drafts never count as output, never make a run a prefill, and are never hashed into the
+// prefix cache. Nothing proposes drafts yet (speculative decoding is a later issue), so
+// n_in_flight is 0 today.
 struct Sequence {
-  SeqId id = 0;
+  SeqId id;
   RequestId request = 0;
   int32_t choice = 0;
   int32_t priority = 0;
   int64_t arrival = 0;  // submission order; kept across preemption (a preempted one goes first)
   int32_t seats = 1;    // running slots it stands for: n until a request's prefill forks
   SeqState state = SeqState::kWaiting;
-  std::vector<int32_t> tokens;  // prompt, then output
+  std::vector<int32_t> tokens;  // prompt, then output, then drafts in flight
   int32_t n_prompt = 0;
-  int32_t n_computed = 0;  // positions whose K/V is in the cache
+  int32_t n_computed = 0;   // positions whose K/V is in the cache
+  int32_t n_in_flight = 0;  // trailing draft tokens, not committed (see above)
   int32_t n_preemptions = 0;
   BlockHash cache_key;
+  // Chain hashes of the full blocks of committed tokens (KvCacheManager::HashFullBlocks),
+  // extended as tokens commit and never recomputed: committed tokens do not change. A rollback
+  // of committed tokens would have to cut this list to the blocks still full. Empty while
+  // prefix caching is off.
+  std::vector<BlockHash> block_hashes;
   int32_t cached_tokens = -1;  // prefix-cache hit at first admission (-1: not admitted yet)
   std::unique_ptr<Sampler> sampler;
 
-  int32_t n_output() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
-  // Tokens not yet computed: the prompt (or everything after a preemption), else the last one.
+  int32_t n_committed() const { return static_cast<int32_t>(tokens.size()) - n_in_flight; }
+  int32_t n_output() const { return n_committed() - n_prompt; }
+  // Tokens not yet computed, drafts included: the prompt (or everything after a preemption),
+  // else the last one (and the drafts after it).
   int32_t n_pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
-  bool in_prefill() const { return n_pending() > 1; }
+  // More than the last committed token left to compute; drafts after it do not count.
+  bool in_prefill() const { return n_committed() - n_computed > 1; }
 };
 
 }  // namespace kvs

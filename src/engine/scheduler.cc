@@ -25,11 +25,17 @@ bool Contains(const std::vector<Sequence*>& v, const Sequence* seq) {
 }
 }  // namespace
 
+int32_t LogitRows(const Sequence& seq, int32_t first, int32_t n_tokens) {
+  const int32_t last_committed = seq.n_committed() - 1;
+  return std::max(0, first + n_tokens - last_committed);
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : kv_(kv), config_(config) {
   KVS_CHECK(config.max_seqs >= 1 && config.max_batch_tokens >= 1);
 }
 
 void Scheduler::AddWaiting(Sequence* seq) {
+  kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
   seq->state = SeqState::kWaiting;
   InsertOrdered(waiting_, seq);
 }
@@ -94,7 +100,7 @@ SchedulePlan Scheduler::Plan() const {
       if (victim == seq) break;
     }
     if (Contains(plan.preempt, seq)) continue;
-    plan.runs.push_back({seq, n});
+    plan.runs.push_back({seq, n, LogitRows(*seq, seq->n_computed, n)});
     scheduled.push_back(seq);
     free -= need;
     budget -= n;
@@ -105,18 +111,20 @@ SchedulePlan Scheduler::Plan() const {
     int32_t seats = running_seats();
     for (Sequence* seq : waiting_) {
       if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
-      // The cached prefix is shared, not computed: only the rest is prefilled.
-      PrefixMatch prefix =
-          kv_.Match(seq->tokens.data(), static_cast<int32_t>(seq->tokens.size()), seq->cache_key);
+      // The cached prefix is shared, not computed: only the rest is prefilled. Its blocks were
+      // hashed when the sequence was queued (AddWaiting).
+      PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());
       const int32_t n = std::min(seq->n_pending() - prefix.n_tokens, budget);
       const int32_t need = prefix.blocks.empty()
                                ? AdmissionBlocks(*seq, n)
                                : kv_.BlocksFor(prefix.n_tokens + n) -
                                      static_cast<int32_t>(prefix.blocks.size()) + prefix.n_free;
       if (free - need < kv_.watermark_blocks()) break;
+      // Apply moves n_computed to the end of the cached prefix: the run starts there.
+      const int32_t first = prefix.blocks.empty() ? seq->n_computed : prefix.n_tokens;
       plan.admit.push_back(seq);
       plan.admit_prefix.push_back(std::move(prefix));
-      plan.runs.push_back({seq, n});
+      plan.runs.push_back({seq, n, LogitRows(*seq, first, n)});
       free -= need;
       budget -= n;
       seats += seq->seats;

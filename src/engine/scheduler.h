@@ -28,7 +28,15 @@ struct SchedulerConfig {
 struct ScheduledRun {
   Sequence* seq = nullptr;
   int32_t n_tokens = 0;  // computes tokens [n_computed, n_computed + n_tokens)
+  // Logit rows the run needs, for its last n_logits positions (LogitRows): 1 for a decode or a
+  // prompt's last chunk, 0 for an earlier chunk; 1 + k when k drafts are verified.
+  int32_t n_logits = 0;
 };
+
+// The logit rows a run computing positions [first, first + n_tokens) of seq needs: one for each
+// position from the last committed token on (that token's logits sample the next one; a
+// draft's check the draft after it).
+int32_t LogitRows(const Sequence& seq, int32_t first, int32_t n_tokens);
 
 struct SchedulePlan {
   std::vector<ScheduledRun> runs;  // decodes first, then prefill chunks, then admissions
@@ -44,6 +52,8 @@ class Scheduler {
   Scheduler(const SchedulerConfig& config, KvCacheManager& kv);
 
   const SchedulerConfig& config() const { return config_; }
+  // Queues seq (new, or preempted), hashing the full blocks of its committed tokens not hashed
+  // yet, so that Plan looks up the prefix cache without hashing.
   void AddWaiting(Sequence* seq);
   // A fork of a running sequence (already holding its blocks) joins the running set directly.
   void AddRunning(Sequence* seq);

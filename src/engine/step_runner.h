@@ -16,16 +16,17 @@ struct StepInput {
   const KvCacheManager* kv = nullptr;  // block tables, already grown for this step
 };
 
-// Whether a run computes its sequence's last known token, whose logits sample the next one.
+// Whether a run needs logits (the scheduler decided: ScheduledRun::n_logits).
 inline bool RunSamples(const ScheduledRun& r) {
-  return r.seq->n_computed + r.n_tokens == static_cast<int32_t>(r.seq->tokens.size());
+  return r.n_logits > 0;
 }
 
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
   virtual int32_t n_vocab() const = 0;
-  // Copies blocks, computes every run, and writes logits[sampling runs][n_vocab] in run order.
+  // Copies blocks, computes every run, and writes logits[sum of n_logits][n_vocab]: each run's
+  // rows, for its last n_logits positions, in run order.
   virtual Status Execute(const StepInput& step, float* logits) = 0;
 };
 

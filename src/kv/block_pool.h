@@ -9,11 +9,12 @@
 #include <span>
 #include <vector>
 
+#include "core/ids.h"
 #include "core/status.h"
 
 namespace kvs {
 
-inline constexpr int32_t kNullBlock = 0;
+inline constexpr BlockId kNullBlock{0};
 
 class BlockPool {
  public:
@@ -25,25 +26,27 @@ class BlockPool {
 
   // Takes n blocks from the head of the free list, each with refcount 1, appended to *out.
   // All or nothing: returns false and changes nothing when fewer than n are free.
-  bool Allocate(int32_t n, std::vector<int32_t>* out);
+  bool Allocate(int32_t n, std::vector<BlockId>* out);
 
   // Another holder of a block in use (a forked sequence sharing it).
-  Status Ref(int32_t id);
+  Status Ref(BlockId id);
   // A prefix-cache hit: takes a reference whether the block is in use or free (then it leaves
   // the free list from wherever it is, O(1)).
-  Status Acquire(int32_t id);
+  Status Acquire(BlockId id);
 
   // Drops one reference from each block, in order; a block whose count reaches zero joins the
-  // tail of the free list, so the blocks freed last are reused last.
-  Status Free(std::span<const int32_t> ids);
+  // tail of the free list, so the blocks freed last are reused last. Allocation-free: it runs
+  // for every finished, preempted or truncated sequence.
+  Status Free(std::span<const BlockId> ids);
 
-  int32_t ref_count(int32_t id) const { return blocks_[id].ref_count; }
+  int32_t ref_count(BlockId id) const { return blocks_[id.value].ref_count; }
 
   // Checks every invariant: the free list is a well-linked chain of exactly the blocks with
   // refcount 0 (the null block aside), counted by num_free().
   Status VerifyIntegrity() const;
 
  private:
+  // Free-list links are plain indices into blocks_ (-1: none), private to the pool.
   struct Block {
     int32_t ref_count = 0;
     int32_t prev = -1;  // free-list links; -1 when not in the list
@@ -52,9 +55,12 @@ class BlockPool {
 
   void PushBack(int32_t id);
   void Remove(int32_t id);
-  bool InRange(int32_t id) const { return id > kNullBlock && id < num_blocks(); }
+  bool InRange(BlockId id) const { return id > kNullBlock && id.value < num_blocks(); }
 
   std::vector<Block> blocks_;
+  // Free's scratch: per block, the references the list being freed drops. All zero between
+  // calls, so a call touches only the entries of its own ids.
+  std::vector<int32_t> drops_;
   int32_t head_ = -1, tail_ = -1;
   int32_t num_free_ = 0;
 };

@@ -1,5 +1,7 @@
 #include "kv/kv_cache_manager.h"
 
+// For XXH3_state_t, so that a block hash streams its parts from the stack.
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include <algorithm>
@@ -25,12 +27,18 @@ BlockHash PrefixCacheKey(std::string_view model_fingerprint, std::string_view kv
 
 BlockHash KvCacheManager::ChainHash(const BlockHash& parent, const BlockHash& key,
                                     const int32_t* tokens) const {
-  // hash(parent hash, extra key, the block's token ids)
-  std::vector<unsigned char> buf(32 + sizeof(int32_t) * static_cast<size_t>(block_size_));
-  std::memcpy(buf.data(), &parent, 16);
-  std::memcpy(buf.data() + 16, &key, 16);
-  std::memcpy(buf.data() + 32, tokens, sizeof(int32_t) * static_cast<size_t>(block_size_));
-  const XXH128_hash_t h = XXH3_128bits(buf.data(), buf.size());
+  // hash(parent hash, extra key, the block's token ids): XXH3-128 of those bytes back to back.
+  // Streamed, XXH3 gives the same hash as over one buffer, so the keys are the ones a
+  // concatenated buffer gave, without allocating one per block.
+  static_assert(sizeof(BlockHash) == 16);
+  ++num_blocks_hashed_;
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_128bits_reset(&state);
+  XXH3_128bits_update(&state, &parent, sizeof(BlockHash));
+  XXH3_128bits_update(&state, &key, sizeof(BlockHash));
+  XXH3_128bits_update(&state, tokens, sizeof(int32_t) * static_cast<size_t>(block_size_));
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
   return BlockHash{h.low64, h.high64};
 }
 
@@ -50,7 +58,7 @@ const BlockTable& KvCacheManager::Table(SeqId seq) const {
 
 bool KvCacheManager::LastBlockNeedsCopy(const BlockTable& t) const {
   if (t.num_tokens % block_size_ == 0) return false;  // full (or no) last block: never written
-  const int32_t last = t.blocks[(t.num_tokens - 1) / block_size_];
+  const BlockId last = t.blocks[(t.num_tokens - 1) / block_size_];
   return pool_.ref_count(last) > 1;
 }
 
@@ -64,67 +72,84 @@ int32_t KvCacheManager::BlocksToAppend(SeqId seq, int32_t n_new) const {
 
 int32_t KvCacheManager::BlocksFreedBy(SeqId seq) const {
   int32_t n = 0;
-  for (int32_t id : Table(seq).blocks) n += pool_.ref_count(id) == 1 ? 1 : 0;
+  for (BlockId id : Table(seq).blocks) n += pool_.ref_count(id) == 1 ? 1 : 0;
   return n;
 }
 
-bool KvCacheManager::AllocateBlocks(int32_t n, std::vector<int32_t>* out) {
+bool KvCacheManager::AllocateBlocks(int32_t n, std::vector<BlockId>* out) {
   const size_t first = out->size();
   if (!pool_.Allocate(n, out)) return false;
-  for (size_t i = first; i < out->size(); ++i) {
-    const int32_t id = (*out)[i];
-    if (block_cached_[id]) {  // the least recently used cached block is the one reused
-      cached_.erase(block_hash_[id]);
-      block_cached_[id] = false;
-    }
-  }
+  // The least recently used cached blocks are the ones reused: their bytes are overwritten.
+  for (size_t i = first; i < out->size(); ++i) Uncache((*out)[i]);
   return true;
 }
 
-PrefixMatch KvCacheManager::Match(const int32_t* tokens, int32_t n, const BlockHash& key) const {
+void KvCacheManager::Uncache(BlockId id) {
+  if (!block_cached_[id.value]) return;
+  cached_.erase(block_hash_[id.value]);
+  block_cached_[id.value] = false;
+}
+
+void KvCacheManager::HashFullBlocks(const int32_t* tokens, int32_t n, const BlockHash& key,
+                                    std::vector<BlockHash>* hashes) const {
+  if (!prefix_caching_) return;
+  const size_t full = static_cast<size_t>(std::max(n, 0) / block_size_);
+  while (hashes->size() < full) {
+    const size_t i = hashes->size();
+    const BlockHash parent = i == 0 ? BlockHash{} : (*hashes)[i - 1];
+    hashes->push_back(ChainHash(parent, key, tokens + i * static_cast<size_t>(block_size_)));
+  }
+}
+
+PrefixMatch KvCacheManager::Match(std::span<const BlockHash> hashes, int32_t n) const {
   PrefixMatch m;
-  if (!prefix_caching_) return m;
-  BlockHash parent;
-  for (int32_t start = 0; start + block_size_ <= n - 1; start += block_size_) {
-    const BlockHash h = ChainHash(parent, key, tokens + start);
-    auto it = cached_.find(h);
+  if (!prefix_caching_ || n < 1) return m;
+  // Whole blocks only, and never the last token's: its logits are needed, so it is computed.
+  const size_t usable = std::min(hashes.size(), static_cast<size_t>((n - 1) / block_size_));
+  for (size_t i = 0; i < usable; ++i) {
+    auto it = cached_.find(hashes[i]);
     if (it == cached_.end()) break;
     m.blocks.push_back(it->second);
-    m.hashes.push_back(h);
+    m.hashes.push_back(hashes[i]);
     m.n_free += pool_.ref_count(it->second) == 0 ? 1 : 0;
     m.n_tokens += block_size_;
-    parent = h;
   }
   return m;
+}
+
+PrefixMatch KvCacheManager::Match(const int32_t* tokens, int32_t n, const BlockHash& key) const {
+  std::vector<BlockHash> hashes;
+  if (n >= 1) HashFullBlocks(tokens, n - 1, key, &hashes);  // the blocks a match may use
+  return Match(hashes, n);
 }
 
 void KvCacheManager::AdoptPrefix(SeqId seq, const PrefixMatch& match) {
   KVS_CHECK(!tables_.contains(seq));
   BlockTable& t = tables_[seq];
-  for (int32_t id : match.blocks) KVS_CHECK(pool_.Acquire(id).ok());
+  for (BlockId id : match.blocks) KVS_CHECK(pool_.Acquire(id).ok());
   t.blocks = match.blocks;
   t.hashes = match.hashes;
   t.num_tokens = match.n_tokens;
 }
 
-void KvCacheManager::CommitFullBlocks(SeqId seq, const int32_t* tokens, int32_t n_computed,
-                                      const BlockHash& key) {
+void KvCacheManager::CommitFullBlocks(SeqId seq, std::span<const BlockHash> hashes,
+                                      int32_t n_computed) {
   if (!prefix_caching_) return;
   auto it = tables_.find(seq);
   if (it == tables_.end()) return;
   BlockTable& t = it->second;
-  const size_t full = static_cast<size_t>(std::min(n_computed, t.num_tokens) / block_size_);
+  const size_t full = std::min(
+      static_cast<size_t>(std::min(n_computed, t.num_tokens) / block_size_), hashes.size());
   while (t.hashes.size() < full) {
     const size_t i = t.hashes.size();
-    const BlockHash parent = i == 0 ? BlockHash{} : t.hashes[i - 1];
-    const BlockHash h = ChainHash(parent, key, tokens + i * block_size_);
+    const BlockHash h = hashes[i];
     t.hashes.push_back(h);
-    const int32_t id = t.blocks[i];
+    const BlockId id = t.blocks[i];
     // The first block computed for a hash is the cached one; a duplicate stays private.
-    if (!block_cached_[id] && !cached_.contains(h)) {
+    if (!block_cached_[id.value] && !cached_.contains(h)) {
       cached_.emplace(h, id);
-      block_hash_[id] = h;
-      block_cached_[id] = true;
+      block_hash_[id.value] = h;
+      block_cached_[id.value] = true;
     }
   }
 }
@@ -136,14 +161,14 @@ bool KvCacheManager::Append(SeqId seq, int32_t n_new, std::vector<BlockCopy>* co
     return true;
   }
   const int32_t need = BlocksToAppend(seq, n_new);
-  std::vector<int32_t> fresh;
+  std::vector<BlockId> fresh;
   if (!AllocateBlocks(need, &fresh)) return false;
   BlockTable& t = tables_[seq];
   size_t next = 0;
   if (LastBlockNeedsCopy(t)) {
-    int32_t& last = t.blocks[(t.num_tokens - 1) / block_size_];
+    BlockId& last = t.blocks[(t.num_tokens - 1) / block_size_];
     copies->push_back({last, fresh[next]});
-    const int32_t shared = last;
+    const BlockId shared = last;
     last = fresh[next++];
     KVS_CHECK(pool_.Free({&shared, 1}).ok());  // others still hold it: only the count drops
   }
@@ -155,7 +180,7 @@ bool KvCacheManager::Append(SeqId seq, int32_t n_new, std::vector<BlockCopy>* co
 bool KvCacheManager::Reserve(SeqId seq, int32_t n_positions) {
   const BlockTable& t = Table(seq);
   const int32_t need = std::max(0, BlocksFor(n_positions) - static_cast<int32_t>(t.blocks.size()));
-  std::vector<int32_t> fresh;
+  std::vector<BlockId> fresh;
   if (!AllocateBlocks(need, &fresh)) return false;
   BlockTable& mt = tables_[seq];
   mt.blocks.insert(mt.blocks.end(), fresh.begin(), fresh.end());
@@ -165,21 +190,21 @@ bool KvCacheManager::Reserve(SeqId seq, int32_t n_positions) {
 int64_t KvCacheManager::Slot(SeqId seq, int32_t pos) const {
   const BlockTable& t = Table(seq);
   KVS_CHECK(pos >= 0 && pos < t.num_tokens);
-  return static_cast<int64_t>(t.blocks[pos / block_size_]) * block_size_ + pos % block_size_;
+  return static_cast<int64_t>(t.blocks[pos / block_size_].value) * block_size_ + pos % block_size_;
 }
 
 Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   auto it = tables_.find(parent);
   if (it == tables_.end())
-    return Status::Error(StrFormat("fork: no sequence %lld", (long long)parent));
+    return Status::Error(StrFormat("fork: no sequence %lld", (long long)parent.value));
   if (tables_.contains(child)) {
-    return Status::Error(StrFormat("fork: sequence %lld already exists", (long long)child));
+    return Status::Error(StrFormat("fork: sequence %lld already exists", (long long)child.value));
   }
   // Only the blocks holding positions are shared; blocks reserved past them (a contiguous-style
   // reservation) stay the parent's, or both would write them.
   BlockTable copy = it->second;  // copied before emplace: emplace may rehash and move it
   copy.blocks.resize(std::min<size_t>(copy.blocks.size(), BlocksFor(copy.num_tokens)));
-  for (int32_t id : copy.blocks) KVS_RETURN_IF_ERROR(pool_.Ref(id));
+  for (BlockId id : copy.blocks) KVS_RETURN_IF_ERROR(pool_.Ref(id));
   tables_.emplace(child, std::move(copy));
   return Status::Ok();
 }
@@ -187,32 +212,73 @@ Status KvCacheManager::Fork(SeqId parent, SeqId child) {
 void KvCacheManager::Free(SeqId seq) {
   auto it = tables_.find(seq);
   if (it == tables_.end()) return;
-  std::vector<int32_t>& blocks = it->second.blocks;
+  std::vector<BlockId>& blocks = it->second.blocks;
   std::reverse(blocks.begin(), blocks.end());
   KVS_CHECK(pool_.Free(blocks).ok());
   tables_.erase(it);
+}
+
+Status KvCacheManager::Truncate(SeqId seq, int32_t n_tokens) {
+  const BlockTable& held = Table(seq);
+  if (n_tokens < 0 || n_tokens > held.num_tokens) {
+    return Status::Error(StrFormat("truncate: sequence %lld holds %d positions, not %d",
+                                   (long long)seq.value, held.num_tokens, n_tokens));
+  }
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return Status::Ok();  // empty, truncated to 0
+  BlockTable& t = it->second;
+  // Every block past the new end goes, reserved ones (Reserve) included: a reservation past a
+  // rollback is dropped, as the positions it was for are.
+  const size_t keep = static_cast<size_t>(BlocksFor(n_tokens));
+  if (t.blocks.size() > keep) {
+    std::reverse(t.blocks.begin() + static_cast<ptrdiff_t>(keep), t.blocks.end());
+    KVS_CHECK(pool_.Free(std::span<const BlockId>(t.blocks).subspan(keep)).ok());
+    t.blocks.resize(keep);
+  }
+  t.num_tokens = n_tokens;
+  const size_t full = static_cast<size_t>(n_tokens / block_size_);
+  if (t.hashes.size() > full) t.hashes.resize(full);
+  // A kept block that is now partial will be written from n_tokens on: out of the index.
+  if (keep > full) Uncache(t.blocks[full]);
+  return Status::Ok();
 }
 
 Status KvCacheManager::VerifyIntegrity() const {
   KVS_RETURN_IF_ERROR(pool_.VerifyIntegrity());
   std::vector<int32_t> holders(static_cast<size_t>(pool_.num_blocks()), 0);
   for (const auto& [seq, t] : tables_) {
+    const long long s = static_cast<long long>(seq.value);
     if (static_cast<int64_t>(t.num_tokens) > static_cast<int64_t>(t.blocks.size()) * block_size_) {
-      return Status::Error(StrFormat("sequence %lld has %d tokens but only %zu blocks",
-                                     (long long)seq, t.num_tokens, t.blocks.size()));
+      return Status::Error(StrFormat("sequence %lld has %d tokens but only %zu blocks", s,
+                                     t.num_tokens, t.blocks.size()));
     }
-    for (int32_t id : t.blocks) {
-      if (id <= kNullBlock || id >= pool_.num_blocks()) {
-        return Status::Error(StrFormat("sequence %lld holds invalid block %d", (long long)seq, id));
+    if (t.hashes.size() > static_cast<size_t>(t.num_tokens / block_size_)) {
+      return Status::Error(StrFormat("sequence %lld: %zu block hashes for %d positions", s,
+                                     t.hashes.size(), t.num_tokens));
+    }
+    for (size_t i = 0; i < t.blocks.size(); ++i) {
+      const BlockId id = t.blocks[i];
+      if (id <= kNullBlock || id.value >= pool_.num_blocks()) {
+        return Status::Error(StrFormat("sequence %lld holds invalid block %d", s, id.value));
       }
-      ++holders[id];
+      ++holders[id.value];
+      if (!block_cached_[id.value]) continue;
+      // An indexed block is full here (never written again), under the hash this table has.
+      if (static_cast<int64_t>(i + 1) * block_size_ > t.num_tokens) {
+        return Status::Error(StrFormat(
+            "sequence %lld holds indexed block %d as a partial or empty block", s, id.value));
+      }
+      if (i < t.hashes.size() && !(t.hashes[i] == block_hash_[id.value])) {
+        return Status::Error(
+            StrFormat("sequence %lld: block %d is indexed under another hash", s, id.value));
+      }
     }
   }
   for (const auto& [hash, id] : cached_) {
-    if (id <= kNullBlock || id >= pool_.num_blocks() || !block_cached_[id] ||
-        !(block_hash_[id] == hash)) {
+    if (id <= kNullBlock || id.value >= pool_.num_blocks() || !block_cached_[id.value] ||
+        !(block_hash_[id.value] == hash)) {
       return Status::Error(
-          StrFormat("prefix index entry for block %d disagrees with the block", id));
+          StrFormat("prefix index entry for block %d disagrees with the block", id.value));
     }
   }
   int64_t marked = 0;
@@ -221,9 +287,9 @@ Status KvCacheManager::VerifyIntegrity() const {
     return Status::Error("blocks marked cached differ from the prefix index");
   }
   for (int32_t id = 1; id < pool_.num_blocks(); ++id) {
-    if (holders[id] != pool_.ref_count(id)) {
+    if (holders[id] != pool_.ref_count(BlockId{id})) {
       return Status::Error(StrFormat("block %d: refcount %d but %d tables hold it", id,
-                                     pool_.ref_count(id), holders[id]));
+                                     pool_.ref_count(BlockId{id}), holders[id]));
     }
   }
   return Status::Ok();

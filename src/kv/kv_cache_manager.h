@@ -5,16 +5,16 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "core/ids.h"
 #include "core/status.h"
 #include "kv/block_pool.h"
 
 namespace kvs {
-
-using SeqId = int64_t;
 
 // 128-bit block hash (XXH3-128) of the prefix cache's chain.
 struct BlockHash {
@@ -31,7 +31,7 @@ BlockHash PrefixCacheKey(std::string_view model_fingerprint, std::string_view kv
                          std::string_view cache_salt);
 
 struct BlockTable {
-  std::vector<int32_t> blocks;    // logical block i -> physical block id
+  std::vector<BlockId> blocks;    // logical block i -> physical block id
   int32_t num_tokens = 0;         // positions with a slot (KV written, or written this step)
   std::vector<BlockHash> hashes;  // chain hashes of its first full, computed blocks
 };
@@ -39,7 +39,7 @@ struct BlockTable {
 // The longest cached prefix of a token sequence: whole blocks, never the last token (whose
 // logits are needed).
 struct PrefixMatch {
-  std::vector<int32_t> blocks;
+  std::vector<BlockId> blocks;
   std::vector<BlockHash> hashes;
   int32_t n_tokens = 0;
   int32_t n_free = 0;  // of those blocks, how many sit in the free list (taking them uses it)
@@ -47,8 +47,8 @@ struct PrefixMatch {
 
 // The runner copies block src to block dst (all layers) before the step's forward pass.
 struct BlockCopy {
-  int32_t src = 0;
-  int32_t dst = 0;
+  BlockId src;
+  BlockId dst;
   bool operator==(const BlockCopy&) const = default;
 };
 
@@ -97,24 +97,53 @@ class KvCacheManager {
   // its head (which is the part another request is most likely to share, issue #6).
   void Free(SeqId seq);
 
+  // Rolls the sequence back to its first n_tokens positions (rejected draft tokens, later).
+  // Every block past the new end loses this sequence's reference, released last-first to the
+  // free-list tail as Free does; the table keeps hashes only for blocks still full. The rule
+  // for the prefix index: an indexed block is full in every table holding it, so no holder
+  // ever writes into it. A kept block that becomes partial is therefore dropped from the index
+  // (whether or not others share it: once they let go, this sequence's next Append writes it
+  // in place). Freed blocks keep their hash, as Free leaves them. A shared partial block is
+  // still copied before the next write (Append). Errors, changing nothing: n_tokens < 0, or
+  // more than the sequence holds. An absent sequence reads as empty (Truncate to 0: no-op).
+  Status Truncate(SeqId seq, int32_t n_tokens);
+
   // --- Prefix cache (full blocks, hash chain; freed blocks keep their hash until reused).
   void set_prefix_caching(bool on) { prefix_caching_ = on; }
   bool prefix_caching() const { return prefix_caching_; }
+  // Extends *hashes, the chain hashes of the first full blocks of tokens[0, n), to every full
+  // block of them (hashing only the blocks not yet in it). Callers keep the list with the
+  // tokens (Sequence::block_hashes), so a prompt is hashed once, not at every lookup. Leaves
+  // the list as it is while prefix caching is off.
+  void HashFullBlocks(const int32_t* tokens, int32_t n, const BlockHash& key,
+                      std::vector<BlockHash>* hashes) const;
+  // The longest cached prefix of n tokens whose full blocks have the given chain hashes (from
+  // HashFullBlocks; entries past the blocks a match may use are ignored).
+  PrefixMatch Match(std::span<const BlockHash> hashes, int32_t n) const;
+  // The same for a token list without its hashes (hashes them on the spot).
   PrefixMatch Match(const int32_t* tokens, int32_t n, const BlockHash& key) const;
   // Starts a new sequence on a match: its blocks gain a reference, positions are its tokens.
   void AdoptPrefix(SeqId seq, const PrefixMatch& match);
-  // Registers the sequence's newly full blocks of computed positions [0, n_computed).
-  void CommitFullBlocks(SeqId seq, const int32_t* tokens, int32_t n_computed, const BlockHash& key);
+  // Registers the sequence's newly full blocks of computed positions [0, n_computed) whose
+  // chain hashes are in hashes: a block past the list is never registered, so a caller that
+  // hashes only committed tokens never indexes a draft.
+  void CommitFullBlocks(SeqId seq, std::span<const BlockHash> hashes, int32_t n_computed);
   int32_t num_cached_blocks() const { return static_cast<int32_t>(cached_.size()); }
+  // Block hashes computed so far (HashFullBlocks and the token-list Match): how tests see that
+  // a lookup reuses a sequence's hashes instead of hashing its tokens again.
+  int64_t num_blocks_hashed() const { return num_blocks_hashed_; }
 
-  // The pool's invariants, every block's refcount equals the number of tables holding it, and
-  // the prefix index and the blocks' hashes agree.
+  // The pool's invariants, every block's refcount equals the number of tables holding it, the
+  // prefix index and the blocks' hashes agree, an indexed block is full in every table holding
+  // it, and a table's hashes cover only its full blocks.
   Status VerifyIntegrity() const;
 
  private:
   bool LastBlockNeedsCopy(const BlockTable& t) const;
   // Takes n blocks, dropping the cached hashes of those that were cached (LRU eviction).
-  bool AllocateBlocks(int32_t n, std::vector<int32_t>* out);
+  bool AllocateBlocks(int32_t n, std::vector<BlockId>* out);
+  // Removes a block from the prefix index (its bytes are about to change).
+  void Uncache(BlockId id);
   BlockHash ChainHash(const BlockHash& parent, const BlockHash& key, const int32_t* tokens) const;
 
   BlockPool pool_;
@@ -124,7 +153,9 @@ class KvCacheManager {
   bool prefix_caching_ = false;
   std::vector<BlockHash> block_hash_;  // per block: its hash while it is in cached_
   std::vector<bool> block_cached_;
-  std::unordered_map<BlockHash, int32_t, BlockHashHasher> cached_;
+  std::unordered_map<BlockHash, BlockId, BlockHashHasher> cached_;
+  // A statistic, not state: counted by const lookups (the engine is single-threaded).
+  mutable int64_t num_blocks_hashed_ = 0;
 };
 
 }  // namespace kvs
