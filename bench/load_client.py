@@ -54,6 +54,8 @@ def parse_args():
     p.add_argument("--timeout", type=float, default=600, help="per-request timeout, seconds")
     p.add_argument("--engine", default="llama.cpp", help='"engine" field of the output')
     p.add_argument("--tool", default="llama-server", help='"tool" field of the output')
+    p.add_argument("--field", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra string field of the output (repeatable)")
     a = p.parse_args()
     if a.requests is None:
         a.requests = a.concurrency
@@ -61,6 +63,8 @@ def parse_args():
         p.error("concurrency, requests, prompt-tokens and gen-tokens must be positive")
     if not 0 <= a.vocab_lo < a.vocab_hi:
         p.error("need 0 <= vocab-lo < vocab-hi")
+    if any("=" not in f for f in a.field):
+        p.error("--field takes KEY=VALUE")
     if a.api == "auto":
         a.api = "openai" if "/v1/" in a.endpoint else "llama"
     return a
@@ -177,6 +181,7 @@ def main():
                          for r in results]),
         "latency_ms": mean([r["latency_ms"] for r in results]),
         "short": short,
+        **dict(f.split("=", 1) for f in a.field),
     }))
 
 

@@ -4,14 +4,18 @@
 # NPL distinct random prompts of NPP tokens in one go, then decodes NTG steps of NPL tokens each.
 # Prints one JSON line per NPL:
 #   {"engine":"llama.cpp","tool":"llama-batched-bench","npl":N,"pp":NPP,"tg":NTG,
-#    "s_pp":..,"s_tg":..,"s_total":..,"t_pp":..,"t_tg":..,"threads":..,"kv_unified":..}
+#    "s_pp":..,"s_tg":..,"s_total":..,"t_pp":..,"t_tg":..,"threads":..,"kv_unified":..,
+#    "flash_attn":"on","load_mode":..}
 # s_pp = NPL*NPP / prefill seconds, s_tg = NPL*NTG / decode seconds (aggregate decode rate over
 # all sequences), s_total = all tokens / all seconds; t_pp, t_tg in seconds.
 # KV: by default each sequence gets its own KV stream of NPP+NTG cells (llama.cpp's default with
 # several sequences; -c NPL_MAX*(NPP+NTG) is split evenly, rounded up to 256 per stream).
-# KVU=1 uses one KV buffer shared by all sequences (-kvu) instead.
+# KVU=1 uses one KV buffer shared by all sequences (-kvu) instead. Flash attention is on (-fa on).
+# LOAD_MODE is llama.cpp's -lm: mmap (its default; the file mapped, page-cache pages) or none (the
+# weights read into memory); bench/throughput_compare.sh runs both and quotes the better.
 #   usage: bench/peer_batched.sh MODEL.gguf [NPL_LIST=1,4,16,64] [NPP=128] [NTG=128]
-#   env:   THREADS (2), KVU (0|1, default 0), KVS_PEER_DIR (~/.cache/kvserve-peer)
+#   env:   THREADS (2), KVU (0|1, default 0), LOAD_MODE (mmap|none, default mmap),
+#          KVS_PEER_DIR (~/.cache/kvserve-peer)
 set -euo pipefail
 
 usage() { echo "usage: $0 MODEL.gguf [NPL_LIST=1,4,16,64] [NPP=128] [NTG=128]" >&2; exit 2; }
@@ -22,11 +26,13 @@ NPP=${3:-128}
 NTG=${4:-128}
 THREADS=${THREADS:-2}
 KVU=${KVU:-0}
+LOAD_MODE=${LOAD_MODE:-mmap}
 [[ -f $MODEL ]] || { echo "$0: no such model: $MODEL" >&2; exit 2; }
 [[ $NPL =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "$0: NPL_LIST must be like 1,4,16" >&2; usage; }
 [[ $NPP =~ ^[1-9][0-9]*$ && $NTG =~ ^[1-9][0-9]*$ ]] || { echo "$0: NPP and NTG must be positive" >&2; usage; }
 [[ $THREADS =~ ^[1-9][0-9]*$ ]] || { echo "$0: THREADS must be positive" >&2; exit 2; }
 [[ $KVU == 0 || $KVU == 1 ]] || { echo "$0: KVU must be 0 or 1" >&2; exit 2; }
+[[ $LOAD_MODE =~ ^(mmap|none|mlock|mmap\+mlock|dio|auto)$ ]] || { echo "$0: LOAD_MODE must be mmap or none" >&2; exit 2; }
 
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
 BIN=$PEER/llama-batched-bench
@@ -62,7 +68,7 @@ trap 'exit 143' TERM
 # the jsonl rows go to stdout, the logs to stderr; in the background so that a signal to this
 # script reaches the traps at once (wait is interruptible)
 "$BIN" -m "$MODEL" -c "$CTX" -b 2048 -ub 512 -npp "$NPP" -ntg "$NTG" -npl "$NPL" -t "$THREADS" \
-  $KV_FLAG --output-format jsonl >"$TMP/out" 2>"$TMP/err" &
+  $KV_FLAG -fa on -lm "$LOAD_MODE" --output-format jsonl >"$TMP/out" 2>"$TMP/err" &
 BENCH_PID=$!
 if ! wait "$BENCH_PID"; then
   BENCH_PID=
@@ -72,9 +78,10 @@ if ! wait "$BENCH_PID"; then
 fi
 BENCH_PID=
 
-python3 - "$TMP/out" "$NPL" "$NPP" "$NTG" "$THREADS" "$KVU" <<'PY'
+python3 - "$TMP/out" "$NPL" "$NPP" "$NTG" "$THREADS" "$KVU" "$LOAD_MODE" <<'PY'
 import json, re, sys
 out, npl_list, npp, ntg, threads, kvu = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
+load_mode = sys.argv[7]
 rows = []
 for line in open(out, errors="replace"):
     line = line.strip()
@@ -100,7 +107,7 @@ for r in rows:
     print(json.dumps({"engine": "llama.cpp", "tool": "llama-batched-bench", "npl": r["pl"], "pp": npp, "tg": ntg,
                       "s_pp": round(r["s_pp"], 2), "s_tg": round(r["s_tg"], 2), "s_total": round(r["s"], 2),
                       "t_pp": round(r["t_pp"], 4), "t_tg": round(r["t_tg"], 4),
-                      "threads": threads, "kv_unified": kvu}))
+                      "threads": threads, "kv_unified": kvu, "flash_attn": "on", "load_mode": load_mode}))
 missing = [n for n in want if n not in seen]
 if missing:
     # llama-batched-bench silently skips a row whose npl*(npp+ntg) exceeds its context

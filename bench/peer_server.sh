@@ -6,15 +6,18 @@
 # (ignore_eos, temperature 0, cache_prompt false). Prints one JSON line:
 #   {"engine":"llama.cpp","tool":"llama-server","np":..,"requests":..,"prompt_tokens":..,
 #    "gen_tokens":..,"generated_total":..,"wall_s":..,"output_tps":..,"total_tps":..,
-#    "ttft_ms":..,"tpot_ms":..,"latency_ms":..,"short":..}
+#    "ttft_ms":..,"tpot_ms":..,"latency_ms":..,"short":..,"flash_attn":"on","load_mode":..}
 # output_tps = generated tokens / wall, total_tps = (prompt + generated tokens) / wall;
 # ttft_ms and tpot_ms are server-side means per request (see load_client.py).
 # KV: -c NP*(PROMPT+GEN+16), split into one KV stream per slot (-no-kvu, also llama-server's
 # default when -np is given), so every slot holds PROMPT+GEN+16 tokens (rounded up to 256).
 # KVU=1 uses one KV buffer shared by all slots (-kvu) instead. The RAM prompt cache is off
-# (-cram 0): the prompts are never reused and saving a finished slot to it costs time.
+# (-cram 0): the prompts are never reused and saving a finished slot to it costs time. Flash
+# attention is on (-fa on). LOAD_MODE is llama.cpp's -lm: mmap (its default; the file mapped,
+# page-cache pages) or none (the weights read into memory); bench/throughput_compare.sh runs both.
 #   usage: bench/peer_server.sh MODEL.gguf NP [REQUESTS=NP] [PROMPT_TOKENS=128] [GEN_TOKENS=128]
-#   env:   THREADS (2), KVU (0|1, default 0), KVS_PEER_DIR (~/.cache/kvserve-peer),
+#   env:   THREADS (2), KVU (0|1, default 0), LOAD_MODE (mmap|none, default mmap),
+#          KVS_PEER_DIR (~/.cache/kvserve-peer),
 #          READY_TIMEOUT (seconds to wait for /health, 300), SERVER_LOG (keep the server log there)
 set -euo pipefail
 
@@ -27,12 +30,14 @@ PROMPT=${4:-128}
 GEN=${5:-128}
 THREADS=${THREADS:-2}
 KVU=${KVU:-0}
+LOAD_MODE=${LOAD_MODE:-mmap}
 READY_TIMEOUT=${READY_TIMEOUT:-300}
 [[ -f $MODEL ]] || { echo "$0: no such model: $MODEL" >&2; exit 2; }
 for v in NP REQUESTS PROMPT GEN THREADS READY_TIMEOUT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$0: $v must be a positive integer, got '${!v}'" >&2; usage; }
 done
 [[ $KVU == 0 || $KVU == 1 ]] || { echo "$0: KVU must be 0 or 1" >&2; exit 2; }
+[[ $LOAD_MODE =~ ^(mmap|none|mlock|mmap\+mlock|dio|auto)$ ]] || { echo "$0: LOAD_MODE must be mmap or none" >&2; exit 2; }
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
@@ -81,7 +86,7 @@ fail() {
   exit 1
 }
 
-"$BIN" -m "$MODEL" -np "$NP" -c "$CTX" -t "$THREADS" -b 2048 -ub 512 $KV_FLAG -cram 0 \
+"$BIN" -m "$MODEL" -np "$NP" -c "$CTX" -t "$THREADS" -b 2048 -ub 512 $KV_FLAG -cram 0 -fa on -lm "$LOAD_MODE" \
   --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
 SERVER_PID=$!
 
@@ -99,7 +104,8 @@ done
 
 # in the background so that a signal to this script reaches the traps at once (wait is interruptible)
 python3 "$HERE/load_client.py" --url "$URL" --endpoint /completion --concurrency "$NP" --requests "$REQUESTS" \
-  --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --engine llama.cpp --tool llama-server &
+  --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --engine llama.cpp --tool llama-server \
+  --field flash_attn=on --field load_mode="$LOAD_MODE" &
 CLIENT_PID=$!
 wait "$CLIENT_PID" || fail "the load client failed"
 CLIENT_PID=

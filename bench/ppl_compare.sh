@@ -2,6 +2,9 @@
 # Perplexity of kvserve next to llama-perplexity on the same GGUF, text and context.
 # Prints a markdown table row per model.  Needs the peer (../shared/peer/build-llama-cpp.sh)
 # and the bench models (../shared/peer/make-bench-models.sh).
+# llama-perplexity runs with -fa on, as every peer run of these scripts (its default, auto,
+# resolves to on for the CPU backend, so the figures are those of a run without the flag). Its
+# load mode does not change the result, so it keeps the default.
 #   usage: bench/ppl_compare.sh [-c CTX] [-f TEXT] MODEL.gguf...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +18,7 @@ echo "|---|---|---|---|"
 for m in "$@"; do
   ours=$(build/kvserve perplexity -m "$m" -f "$TEXT" -c "$CTX" -t 2 --json 2>/dev/null |
          python3 -c 'import json,sys; print("%.4f" % json.load(sys.stdin)["ppl"])' || echo "error")
-  peer=$("$PEER/llama-perplexity" -m "$m" -f "$TEXT" -c "$CTX" -t 2 2>&1 |
+  peer=$("$PEER/llama-perplexity" -m "$m" -f "$TEXT" -c "$CTX" -t 2 -fa on 2>&1 |
          sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p')
   diff=$(python3 -c "a,b='$ours','$peer'
 try: print('%+.3f%%' % (100*(float(a)/float(b)-1)))

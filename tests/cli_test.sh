@@ -28,6 +28,15 @@ expect_error "absurd tensor count" "tensor count" "$BIN" generate -m "$TMP/huge-
 head -c 5000 /dev/urandom >"$TMP/random.gguf"
 expect_error "random bytes" "not a GGUF file" "$BIN" inspect "$TMP/random.gguf"
 expect_error "bad -n" "n-predict" "$BIN" generate -n abc
+# bench bandwidth reads memory like the weights' (huge pages) unless told --pages small, and says
+# which it used and how much of the buffer the kernel put in huge pages.
+for pages in huge small; do
+  "$BIN" bench bandwidth --size-mib 64 -t 2 --pages $pages --json >"$TMP/bw" 2>/dev/null &&
+    grep -q "\"pages\":\"$pages\"" "$TMP/bw" && grep -q '"read_gbps":' "$TMP/bw" &&
+    grep -q '"huge_page_pct":' "$TMP/bw" && pass "bench bandwidth --pages $pages --json" ||
+    fail "bench bandwidth --pages $pages: $(head -c 300 "$TMP/bw")"
+done
+expect_error "bench bandwidth --pages medium" "not in {huge,small}" "$BIN" bench bandwidth --pages medium
 
 if [ ! -f "$MODELS/stories260K.gguf" ]; then
   echo "skipping model checks: $MODELS/stories260K.gguf not found (set KVSERVE_TEST_MODELS)"

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/page_memory.h"
 #include "core/status.h"
 #include "core/text_file.h"
 #include "core/thread_pool.h"
@@ -122,6 +123,37 @@ TEST_F(TextFileTest, RefusesWhatIsNotARegularFile) {
   auto missing = ReadTextFile(dir_ + "/nope.txt", 1 << 20);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().find("cannot read"), std::string::npos) << missing.error();
+}
+
+TEST(PageMemory, AllocatesZeroedMemoryAndMovesOwnership) {
+  constexpr size_t kBytes = 8 << 20;
+  auto mem = AllocatePages(kBytes, PageSize::kHuge);
+  ASSERT_TRUE(mem.ok()) << mem.error();
+  ASSERT_NE(mem->data(), nullptr);
+  EXPECT_EQ(mem->size(), kBytes);
+  EXPECT_EQ(mem->data()[0], 0);
+  EXPECT_EQ(mem->data()[kBytes - 1], 0);
+  for (size_t i = 0; i < kBytes; i += 4096) mem->data()[i] = 1;
+  const int64_t huge = HugePageBytes(mem->data(), kBytes);
+  EXPECT_GE(huge, -1);
+  EXPECT_LE(huge, static_cast<int64_t>(kBytes));
+  PageMemory moved = std::move(*mem);
+  EXPECT_EQ(mem->data(), nullptr);
+  EXPECT_EQ(moved.size(), kBytes);
+  EXPECT_EQ(moved.data()[4096], 1);
+}
+
+TEST(PageMemory, SmallPagesAreNeverHuge) {
+  constexpr size_t kBytes = 8 << 20;
+  auto mem = AllocatePages(kBytes, PageSize::kSmall);
+  ASSERT_TRUE(mem.ok()) << mem.error();
+  for (size_t i = 0; i < kBytes; i += 4096) mem->data()[i] = 1;
+  const int64_t huge = HugePageBytes(mem->data(), kBytes);
+  if (huge < 0) GTEST_SKIP() << "/proc/self/smaps is not readable";
+  EXPECT_EQ(huge, 0);
+  const std::string policy = TransparentHugePagePolicy();
+  EXPECT_TRUE(policy == "always" || policy == "madvise" || policy == "never" || policy == "unknown")
+      << policy;
 }
 
 TEST(DType, InfoTable) {

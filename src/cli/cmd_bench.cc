@@ -1,5 +1,6 @@
 // `kvserve bench speed`: prefill and decode tokens/s, like llama-bench's pp/tg tests (-d: after
-// a context of that many tokens; -ctk/-ctv: the KV cache types).
+// a context of that many tokens; -ctk/-ctv: the KV cache types). `kvserve bench bandwidth`: the
+// read bandwidth of memory like the weights' (huge pages), decode's roofline.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,7 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
-#include "core/aligned.h"
+#include "core/page_memory.h"
 #include "core/thread_pool.h"
 #include "engine/engine_builder.h"
 #include "kernels/kv_types.h"
@@ -176,15 +177,27 @@ int RunSpeed(const SpeedArgs& a) {
 }
 
 // Read bandwidth: every thread sums its share of a buffer far larger than the caches, the
-// same access pattern as decode streaming the weights. Best of several passes.
-int RunBandwidth(int32_t requested_threads, int32_t size_mib, bool json) {
+// same access pattern as decode streaming the weights. Best of several passes. The buffer is
+// allocated as the weights are (AllocatePages: huge pages by default), so that the figure is
+// the roofline of the memory decode actually reads; --pages small gives 4 KiB pages.
+int RunBandwidth(int32_t requested_threads, int32_t size_mib, const std::string& pages, bool json) {
   const int32_t threads = ThreadPool::ResolveThreadCount(requested_threads);
   const size_t n = static_cast<size_t>(size_mib) << 18;  // floats
-  AlignedPtr<float> buf = AllocateAligned<float>(n);
+  const size_t bytes = n * sizeof(float);
+  auto mem = AllocatePages(bytes, pages == "small" ? PageSize::kSmall : PageSize::kHuge);
+  if (!mem) {
+    std::fprintf(stderr, "error: cannot allocate %d MiB: %s\n", size_mib, mem.error().c_str());
+    return 1;
+  }
+  float* buf = reinterpret_cast<float*>(mem->data());
   ThreadPool pool(threads);
+  // The first touch allocates the pages, huge or small.
   pool.ParallelFor(n, 1 << 14, [&](int, size_t b, size_t e) {
     for (size_t i = b; i < e; ++i) buf[i] = static_cast<float>(i & 1023);
   });
+  const int64_t huge_bytes = HugePageBytes(buf, bytes);
+  const double huge_pct = huge_bytes < 0 ? -1 : 100.0 * huge_bytes / bytes;
+  const std::string policy = TransparentHugePagePolicy();
   std::vector<double> sums(threads);
   double best = 0;
   for (int pass = 0; pass < 8; ++pass) {
@@ -198,16 +211,31 @@ int RunBandwidth(int32_t requested_threads, int32_t size_mib, bool json) {
       for (float v : acc) total += v;
       sums[t] += total;  // keeps the loads alive
     });
-    best = std::max(best, n * sizeof(float) / Seconds(t0) / 1e9);
+    best = std::max(best, bytes / Seconds(t0) / 1e9);
   }
   if (json) {
-    std::printf("%s\n",
-                nlohmann::json{{"threads", threads}, {"buffer_mib", size_mib}, {"read_gbps", best}}
-                    .dump()
-                    .c_str());
+    nlohmann::json j = {{"threads", threads},
+                        {"buffer_mib", size_mib},
+                        {"pages", pages},
+                        {"thp_policy", policy},
+                        {"read_gbps", best}};
+    // null when /proc/self/smaps cannot be read
+    j["huge_page_pct"] = huge_pct < 0 ? nlohmann::json() : nlohmann::json(huge_pct);
+    std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("read bandwidth, %d thread(s), %d MiB buffer: %.1f GB/s (checksum %g)\n", threads,
-                size_mib, best, sums[0]);
+    const std::string share =
+        huge_pct < 0 ? "share in huge pages unknown" : StrFormat("%.0f%% in huge pages", huge_pct);
+    std::printf(
+        "read bandwidth, %d thread(s), %d MiB buffer, %s pages (%s; THP policy %s): %.1f GB/s "
+        "(checksum %g)\n",
+        threads, size_mib, pages.c_str(), share.c_str(), policy.c_str(), best, sums[0]);
+  }
+  // Asked for huge pages and did not get most of them: the figure is a 4 KiB-page one.
+  if (pages == "huge" && huge_pct >= 0 && huge_pct < 90) {
+    std::fprintf(stderr,
+                 "warning: the kernel backed only %.0f%% of the buffer with huge pages (THP "
+                 "policy %s); the weights read into memory likely get few too\n",
+                 huge_pct, policy.c_str());
   }
   return 0;
 }
@@ -247,6 +275,7 @@ Runner AddBenchCommand(CLI::App& root) {
   struct BandwidthArgs {
     int32_t threads = ThreadPool::DefaultThreadCount();
     int32_t size_mib = 1024;
+    std::string pages = "huge";
     bool json = false;
   };
   auto bw = std::make_shared<BandwidthArgs>();
@@ -258,13 +287,19 @@ Runner AddBenchCommand(CLI::App& root) {
   bandwidth->add_option("--size-mib", bw->size_mib, "Buffer size in MiB")
       ->capture_default_str()
       ->check(CLI::Range(64, 65536));
+  bandwidth
+      ->add_option("--pages", bw->pages,
+                   "Page size of the buffer: huge (transparent huge pages, as the weights are "
+                   "read into) or small (4 KiB)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"huge", "small"}));
   bandwidth->add_flag("--json", bw->json, "Print one JSON object");
   Runner engine_benches = AddEngineBenchCommands(bench);
   Runner serve_bench = AddServeBenchCommand(bench);
   return [a, speed, bw, bandwidth, engine_benches, serve_bench]() -> int {
     if (const int rc = engine_benches(); rc >= 0) return rc;
     if (const int rc = serve_bench(); rc >= 0) return rc;
-    if (bandwidth->parsed()) return RunBandwidth(bw->threads, bw->size_mib, bw->json);
+    if (bandwidth->parsed()) return RunBandwidth(bw->threads, bw->size_mib, bw->pages, bw->json);
     if (!speed->parsed()) return 1;
     return RunSpeed(*a);
   };

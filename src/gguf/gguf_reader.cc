@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <unordered_set>
+#include <utility>
 
 namespace kvs::gguf {
 namespace {
@@ -277,36 +278,35 @@ Expected<std::unique_ptr<File>> File::Open(const std::string& path, LoadMode mod
   file->path_ = path;
   file->size_ = static_cast<size_t>(st.st_size);
   if (file->size_ > 0) {
-    void* m = MAP_FAILED;
     if (mode == LoadMode::kMap) {
-      m = mmap(nullptr, file->size_, PROT_READ, MAP_SHARED, fd, 0);
-    } else {
-      m = mmap(nullptr, file->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (m != MAP_FAILED) {
-        // Decode streams every weight once per token; with 4 KiB pages each row of an F16
-        // matrix is its own page and the TLB misses cap the bandwidth. Huge pages lift that.
-        madvise(m, file->size_, MADV_HUGEPAGE);
-        size_t done = 0;
-        while (done < file->size_) {
-          ssize_t got = ::pread(fd, static_cast<uint8_t*>(m) + done, file->size_ - done,
-                                static_cast<off_t>(done));
-          if (got <= 0) {
-            munmap(m, file->size_);
-            ::close(fd);
-            return Status::Error(
-                StrFormat("cannot read '%s': %s", path.c_str(),
-                          got < 0 ? std::strerror(errno) : "unexpected end of file"));
-          }
-          done += static_cast<size_t>(got);
-        }
+      void* m = mmap(nullptr, file->size_, PROT_READ, MAP_SHARED, fd, 0);
+      if (m == MAP_FAILED) {
+        ::close(fd);
+        return Status::Error(StrFormat("cannot map '%s': %s", path.c_str(), std::strerror(errno)));
       }
+      file->mapping_ = m;
+      file->base_ = static_cast<const uint8_t*>(m);
+    } else {
+      auto mem = AllocatePages(file->size_, PageSize::kHuge);
+      if (!mem) {
+        ::close(fd);
+        return Status::Error(StrFormat("cannot map '%s': %s", path.c_str(), mem.error().c_str()));
+      }
+      uint8_t* m = mem->data();
+      size_t done = 0;
+      while (done < file->size_) {
+        ssize_t got = ::pread(fd, m + done, file->size_ - done, static_cast<off_t>(done));
+        if (got <= 0) {
+          const int err = errno;
+          ::close(fd);
+          return Status::Error(StrFormat("cannot read '%s': %s", path.c_str(),
+                                         got < 0 ? std::strerror(err) : "unexpected end of file"));
+        }
+        done += static_cast<size_t>(got);
+      }
+      file->pages_ = std::move(*mem);
+      file->base_ = m;
     }
-    if (m == MAP_FAILED) {
-      ::close(fd);
-      return Status::Error(StrFormat("cannot map '%s': %s", path.c_str(), std::strerror(errno)));
-    }
-    file->mapping_ = m;
-    file->base_ = static_cast<const uint8_t*>(m);
     file->writable_ = mode == LoadMode::kRead;
   }
   ::close(fd);

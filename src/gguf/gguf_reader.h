@@ -1,8 +1,8 @@
-// Reads GGUF v2/v3 files through mmap. Every count, length, offset and size is checked
-// against the file before use, so a corrupt file yields a one-line error, never a crash or
-// a huge allocation. GGUF v1 is rejected with a message that says so. Tensor data must be laid
-// out as llama.cpp requires: contiguous in file order, each tensor padded to the alignment, no
-// unclaimed data after the last one; so no two tensors share bytes and every size is the one
+// Reads GGUF v2/v3 files, mapped or read into memory. Every count, length, offset and size is
+// checked against the file before use, so a corrupt file yields a one-line error, never a crash
+// or a huge allocation. GGUF v1 is rejected with a message that says so. Tensor data must be
+// laid out as llama.cpp requires: contiguous in file order, each tensor padded to the alignment,
+// no unclaimed data after the last one; so no two tensors share bytes and every size is the one
 // its type and shape give.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/page_memory.h"
 #include "core/status.h"
 #include "gguf/gguf_types.h"
 #include "tensor/dtype.h"
@@ -32,7 +33,8 @@ struct TensorInfo {
 };
 
 // kMap maps the file (pages load on first touch and are shared with the page cache);
-// kRead copies it into anonymous huge-page memory, which streams faster during decode.
+// kRead copies it into anonymous huge-page memory (AllocatePages, core/page_memory.h), which
+// streams faster during decode.
 enum class LoadMode { kMap, kRead };
 
 class File {
@@ -79,9 +81,10 @@ class File {
   std::string path_;
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  void* mapping_ = nullptr;  // mmap'ed region, or null when owned_ holds the bytes
-  bool writable_ = false;    // the bytes are a private copy (kRead, FromBytes)
-  std::vector<uint8_t> owned_;
+  void* mapping_ = nullptr;     // the file's mapping (kMap), else null
+  bool writable_ = false;       // the bytes are a private copy (kRead, FromBytes)
+  PageMemory pages_;            // the bytes read into huge pages (kRead)
+  std::vector<uint8_t> owned_;  // the bytes of FromBytes
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
