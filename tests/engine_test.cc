@@ -37,7 +37,7 @@ Outcome Serve(const Model& model, const std::vector<std::vector<int32_t>>& promp
               EngineConfig cfg, int32_t max_tokens, int32_t rounds = 1, KvTypes types = {}) {
   ThreadPool pool(2);
   cfg.verify_each_step = true;
-  auto local = EngineBuilder(model, nullptr, pool, {.types = types}).Local(cfg);
+  auto local = EngineBuilder(model, nullptr, pool, KvFormatWithTypes(types)).Local(cfg);
   EXPECT_TRUE(local.ok()) << local.error();
   if (!local.ok()) return {};
   Engine& engine = *local->engine;

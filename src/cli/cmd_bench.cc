@@ -81,7 +81,7 @@ int RunSpeed(const SpeedArgs& a) {
   const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
   auto tok = Tokenizer::FromGguf((*model)->file());
   auto made =
-      EngineBuilder(**model, tok ? tok->get() : nullptr, pool, {.types = types}).Single(n_ctx);
+      EngineBuilder(**model, tok ? tok->get() : nullptr, pool, KvFormatWithTypes(types)).Single(n_ctx);
   if (!made) {
     std::fprintf(stderr, "error: %s\n", made.error().c_str());
     return 1;

@@ -36,6 +36,13 @@ struct KvFormatOptions {
   std::string calibration_source = "built-in paragraph";
 };
 
+// Options with these types and every other field at its default.
+inline KvFormatOptions KvFormatWithTypes(KvTypes types) {
+  KvFormatOptions options;
+  options.types = types;
+  return options;
+}
+
 // Tokens of a user's calibration text (--kv-calibration FILE): its first kMaxCalibrationTokens,
 // BOS first where the model adds one. An unreadable or too short file is an error.
 Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path,
