@@ -104,21 +104,11 @@ double Model::kv_bytes_per_token(const std::string& cache_type_k,
 
 namespace {
 
-// What a cached block's bytes depend on besides its tokens: the weights (their digest), the KV
-// format (its fingerprint, which covers the block size too), and the request's salt.
-kvs::BlockHash CacheKey(const kvs::Digest128& weights, const kvs::KvFormat& format,
-                        const std::string& salt) {
-  return kvs::PrefixCacheKey(
-      "weights:" + weights.Hex(),
-      kvs::StrFormat("kv:%s|block:%d", format.fingerprint().Hex().c_str(), format.block_size()),
-      salt);
-}
-
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Digest128& weights,
                                      const kvs::KvFormat& format,
                                      const std::vector<int32_t>& end_of_generation) {
   kvs::RequestOptions r;
-  r.cache_key = CacheKey(weights, format, g.cache_salt);
+  r.cache_key = kvs::ModelCacheKey(weights, format, g.cache_salt);
   r.max_tokens = g.max_tokens;
   r.n = g.n;
   r.priority = g.priority;

@@ -35,6 +35,12 @@ Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path
   return tokens;
 }
 
+BlockHash ModelCacheKey(const Digest128& weights, const KvFormat& format, std::string_view salt) {
+  return PrefixCacheKey(
+      "weights:" + weights.Hex(),
+      StrFormat("kv:%s|block:%d", format.fingerprint().Hex().c_str(), format.block_size()), salt);
+}
+
 Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
                                    const KvFormatOptions& options) {
   const ModelConfig& c = model.config();

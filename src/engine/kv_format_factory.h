@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kv/kv_cache_manager.h"
 #include "kv/kv_format.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -47,6 +49,11 @@ inline KvFormatOptions KvFormatWithTypes(KvTypes types) {
 // BOS first where the model adds one. An unreadable or too short file is an error.
 Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path,
                                                          const Tokenizer& tokenizer);
+
+// The prefix-cache key of a model's blocks: what their bytes depend on besides the tokens — the
+// weights (their digest), the KV format (its fingerprint; the block size again, explicitly)
+// and the request's cache salt.
+BlockHash ModelCacheKey(const Digest128& weights, const KvFormat& format, std::string_view salt);
 
 // Logs one line when it calibrates (what, on which text, how long it took).
 Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,

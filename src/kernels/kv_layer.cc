@@ -86,6 +86,21 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
   }
 }
 
+void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
+                   std::vector<float>* rows) {
+  const int32_t n_rot = layer.n_rot;
+  const size_t n_blocks = (positions.size() + kKvBlockTokens - 1) / kKvBlockTokens;
+  rows->assign(n_blocks * n_rot * kKvBlockTokens, 0.0f);
+  thread_local std::vector<float> cos_sin;
+  cos_sin.resize(n_rot);
+  for (size_t j = 0; j < positions.size(); ++j) {
+    KVS_CHECK(positions[j] >= 0 && positions[j] < layer.rope_positions);
+    RopeFromTable(layer.rope_table, n_rot, positions[j], cos_sin.data());
+    float* block = rows->data() + (j / kKvBlockTokens) * n_rot * kKvBlockTokens;
+    for (int32_t r = 0; r < n_rot; ++r) block[r * kKvBlockTokens + j % kKvBlockTokens] = cos_sin[r];
+  }
+}
+
 void CopyKvBlocks(const KvLayerView& layer, int64_t src, int64_t dst, int32_t n) {
   const size_t ks = layer.k_block_stride(), vs = layer.v_block_stride();
   std::memcpy(layer.k + static_cast<size_t>(dst) * ks, layer.k + static_cast<size_t>(src) * ks,

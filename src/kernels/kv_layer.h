@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/key_whitening.h"
@@ -92,6 +94,12 @@ struct KvLayerView {
 // that share a kernel block must be written by one thread: sub-byte codes of neighbouring
 // positions share bytes.
 void WriteKv(const KvLayerView& layer, int64_t slot, int32_t pos, const float* k, const float* v);
+
+// The RoPE rows of keys at these positions, key j at row j (KvHeadView::rope_table), read from
+// the layer's table, which must cover them: what attention needs once keys sit in other slots
+// than their positions. rows is resized to whole blocks of 16.
+void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
+                   std::vector<float>* rows);
 
 // Copies n kernel blocks starting at src to the n starting at dst (one layer).
 void CopyKvBlocks(const KvLayerView& layer, int64_t src, int64_t dst, int32_t n);

@@ -147,17 +147,7 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
     for (size_t si = 0; si < b.sequences.size(); ++si) {
       const std::vector<int32_t>& positions = b.sequences[si].key_positions;
       if (positions.empty()) continue;
-      const int32_t n_rot = kv[0].n_rot;
-      const size_t n_blocks = (positions.size() + kKvBlockTokens - 1) / kKvBlockTokens;
-      std::vector<float>& rows = key_rope_[si];
-      rows.assign(n_blocks * n_rot * kKvBlockTokens, 0.0f);
-      std::vector<float> cos_sin(n_rot);
-      for (size_t j = 0; j < positions.size(); ++j) {
-        RopeFromTable(kv[0].rope_table, n_rot, positions[j], cos_sin.data());
-        float* block = rows.data() + (j / kKvBlockTokens) * n_rot * kKvBlockTokens;
-        for (int32_t r = 0; r < n_rot; ++r)
-          block[r * kKvBlockTokens + j % kKvBlockTokens] = cos_sin[r];
-      }
+      GatherKeyRope(kv[0], positions, &key_rope_[si]);
     }
   }
 
