@@ -170,6 +170,24 @@ out=$("$BIN" tokenize -m "$MODELS/vocab-only/ggml-vocab-llama-spm.gguf" -p "Hell
   grep -Eq "^ +turbo3 +5.00 " "$TMP/inspect" && pass "inspect: KV types and tokens that fit" ||
   fail "inspect: $(grep -A3 'KV cache by type' "$TMP/inspect")"
 
+# inspect --json: the digests a cached KV block depends on (issue #17). stdout holds only JSON.
+fp() { "$BIN" inspect "$S" --json "$@" 2>"$TMP/inspect-err" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d["weights_digest"]) == 32; print(d["kv_format_fingerprint"])'; }
+printf 'The little dog ran to the park. It saw a big red ball and played with it all day long. %.0s' 1 2 3 >"$TMP/calib.txt"
+printf 'A ship sailed over the sea. The sailors sang songs while the wind blew the sails. %.0s' 1 2 3 >"$TMP/calib2.txt"
+f16=$(fp) && q8=$(fp -ctk q8_0) && q8c=$(fp -ctk q8_0 -c 2048) && q8cal=$(fp -ctk q8_0 --kv-calibration "$TMP/calib.txt") &&
+  q8cal_again=$(fp -ctk q8_0 --kv-calibration "$TMP/calib.txt") && q8cal2=$(fp -ctk q8_0 --kv-calibration "$TMP/calib2.txt")
+if [ -n "${q8cal2:-}" ] && [ "$f16" != "$q8" ] && [ "$q8" != "$q8c" ] && [ "$q8" != "$q8cal" ] &&
+  [ "$q8cal" = "$q8cal_again" ] && [ "$q8cal" != "$q8cal2" ] && grep -q "calibrated" "$TMP/inspect-err"; then
+  pass "inspect --json: the fingerprint follows types, context and calibration"
+else fail "inspect --json fingerprints: f16=$f16 q8=$q8 c2048=$q8c cal=$q8cal/$q8cal_again cal2=${q8cal2:-}"; fi
+expect_error "--kv-calibration missing file" "kv-calibration" "$BIN" generate -m "$S" -p hi -n 2 -ctk q8_0 --kv-calibration "$TMP/nope.txt"
+printf 'Hi.' >"$TMP/short.txt"
+expect_error "--kv-calibration too short" "at least 16" "$BIN" generate -m "$S" -p hi -n 2 -ctk q8_0 --kv-calibration "$TMP/short.txt"
+expect_error "--kv-calibration a directory" "kv-calibration" "$BIN" inspect "$S" --json -ctk q4_0 --kv-calibration "$TMP"
+out=$("$BIN" generate -m "$S" -p "Once upon a time" -n 8 --temp 0 -ctk turbo4 --kv-calibration "$TMP/calib.txt" 2>"$TMP/err")
+[ -n "$out" ] && grep -q "calibration.txt\|calib.txt" "$TMP/err" && pass "generate --kv-calibration logs the text it calibrated on" ||
+  fail "generate --kv-calibration: '$out' $(head -2 "$TMP/err")"
+
 # KV cache types: a bad name and a head size a type cannot hold are clear errors.
 expect_error "bad --cache-type-k" "valid: f32, f16" "$BIN" generate -m "$S" -p hi -n 2 -ctk q5_9
 expect_error "bad -ctv in perplexity" "unknown KV cache type" "$BIN" perplexity -m "$S" -f "$TMP/empty.txt" -ctv nope
