@@ -80,8 +80,8 @@ int RunSpeed(const SpeedArgs& a) {
   ThreadPool pool(threads);
   const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
   auto tok = Tokenizer::FromGguf((*model)->file());
-  auto made =
-      EngineBuilder(**model, tok ? tok->get() : nullptr, pool, KvFormatWithTypes(types)).Single(n_ctx);
+  auto made = EngineBuilder(**model, tok ? tok->get() : nullptr, pool, KvFormatWithTypes(types))
+                  .Single(n_ctx);
   if (!made) {
     std::fprintf(stderr, "error: %s\n", made.error().c_str());
     return 1;

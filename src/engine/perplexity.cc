@@ -61,7 +61,8 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   SingleSequence& seq = **measured;
   std::unique_ptr<SingleSequence> base;
   if (options.kl_base) {
-    auto made = EngineBuilder(model, nullptr, pool, KvFormatWithTypes(options.base_types)).Single(n_ctx);
+    auto made =
+        EngineBuilder(model, nullptr, pool, KvFormatWithTypes(options.base_types)).Single(n_ctx);
     if (!made.ok()) return made.status();
     base = std::move(*made);
   }
