@@ -63,6 +63,8 @@ int RunServe(ServeArgs a) {
                eo.kv_memory_bytes / double(1 << 20), eo.cache_type_k.c_str(),
                eo.cache_type_v.c_str(), kv.kv_blocks_total, kv.block_size,
                static_cast<long long>(kv.kv_blocks_total) * kv.block_size);
+  std::fprintf(stderr, "kvserve: KV format %s; weights digest %s\n", server.kv_format().c_str(),
+               server.weights_digest().c_str());
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "kvserve: %s: stopping (running requests are cancelled)\n",

@@ -58,6 +58,10 @@ class Server {
   // The engine's KV pool and load (after Load).
   kvserve::EngineStats stats() const { return ready_ ? engine_->stats() : kvserve::EngineStats{}; }
   const kvserve::EngineOptions& engine_options() const { return engine_->options(); }
+  // What a cached KV block depends on besides its tokens (after Load): the KV format in one
+  // line, and the weights' digest.
+  std::string kv_format() const { return engine_->kv_format(); }
+  std::string weights_digest() const { return model_->weights_digest(); }
 
  private:
   std::optional<http::Response> Admit(const http::Request& req) const;
