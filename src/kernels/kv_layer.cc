@@ -103,10 +103,10 @@ void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
 
 void CopyKvBlocks(const KvLayerView& layer, int64_t src, int64_t dst, int32_t n) {
   const size_t ks = layer.k_block_stride(), vs = layer.v_block_stride();
-  std::memcpy(layer.k + static_cast<size_t>(dst) * ks, layer.k + static_cast<size_t>(src) * ks,
-              n * ks);
-  std::memcpy(layer.v + static_cast<size_t>(dst) * vs, layer.v + static_cast<size_t>(src) * vs,
-              n * vs);
+  std::memmove(layer.k + static_cast<size_t>(dst) * ks, layer.k + static_cast<size_t>(src) * ks,
+               n * ks);
+  std::memmove(layer.v + static_cast<size_t>(dst) * vs, layer.v + static_cast<size_t>(src) * vs,
+               n * vs);
 }
 
 }  // namespace kvs

@@ -101,7 +101,8 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t pos, const float* k
 void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
                    std::vector<float>* rows);
 
-// Copies n kernel blocks starting at src to the n starting at dst (one layer).
+// Copies n kernel blocks starting at src to the n starting at dst (one layer). The ranges may
+// overlap: compaction moves a run of blocks down over its own tail.
 void CopyKvBlocks(const KvLayerView& layer, int64_t src, int64_t dst, int32_t n);
 
 }  // namespace kvs
