@@ -32,6 +32,18 @@ rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$SERVER/status"; }
 RSS_LIMIT_MIB=48; LP_LIMIT_MIB=8
 if grep -qa __asan_init "$BIN"; then RSS_LIMIT_MIB=100000; LP_LIMIT_MIB=100000; fi
 
+# The KV format a server runs with is the one `inspect` reports for the same flags (issue #17:
+# inspect loads the model as the engine does, so a calibrated K type's fingerprint agrees).
+PORT2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" serve -m "$MODEL" --port "$PORT2" -c 2048 -t 2 -ctk q8_0 >"$TMP/q8.log" 2>&1 &
+Q8=$!
+for _ in $(seq 1 300); do grep -q "KV format" "$TMP/q8.log" && break; read -rt 0.1 <> <(:) || true; done
+kill $Q8 2>/dev/null; wait $Q8 2>/dev/null
+served=$(grep -o "fingerprint [0-9a-f]*" "$TMP/q8.log" | cut -d' ' -f2)
+inspected=$("$BIN" inspect "$MODEL" --json -c 2048 -ctk q8_0 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["kv_format_fingerprint"])')
+if [ -n "$served" ] && [ "$served" = "$inspected" ]; then ok "inspect --json gives the served KV format's fingerprint ($served)";
+else fail "served fingerprint '$served' vs inspect '$inspected': $(tail -3 "$TMP/q8.log")"; fi
+
 # A second server on the same port exits non-zero at once, saying why.
 timeout 20 "$BIN" serve -m "$MODEL" --port "$PORT" >"$TMP/second.log" 2>&1; rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "in use" "$TMP/second.log"; then

@@ -28,6 +28,7 @@ struct SpeedArgs {
   int32_t reps = 5;
   int32_t depth = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
+  std::string kv_calibration;
   bool json = false;
   kvserve::ModelOptions model_options;
 };
@@ -80,8 +81,21 @@ int RunSpeed(const SpeedArgs& a) {
   ThreadPool pool(threads);
   const int32_t n_ctx = a.depth + std::max(a.n_prompt, a.n_gen) + 1;
   auto tok = Tokenizer::FromGguf((*model)->file());
-  auto made = EngineBuilder(**model, tok ? tok->get() : nullptr, pool, KvFormatWithTypes(types))
-                  .Single(n_ctx);
+  KvFormatOptions kv = KvFormatWithTypes(types);
+  if (!a.kv_calibration.empty()) {
+    if (!tok) {
+      std::fprintf(stderr, "error: %s\n", tok.error().c_str());
+      return 1;
+    }
+    auto tokens = CalibrationTokensFromFile(a.kv_calibration, **tok);
+    if (!tokens) {
+      std::fprintf(stderr, "error: %s\n", tokens.error().c_str());
+      return 1;
+    }
+    kv.calibration_tokens = std::move(*tokens);
+    kv.calibration_source = a.kv_calibration;
+  }
+  auto made = EngineBuilder(**model, tok ? tok->get() : nullptr, pool, std::move(kv)).Single(n_ctx);
   if (!made) {
     std::fprintf(stderr, "error: %s\n", made.error().c_str());
     return 1;
@@ -271,6 +285,7 @@ Runner AddBenchCommand(CLI::App& root) {
       ->capture_default_str();
   speed->add_option("--cache-type-v", a->cache_type_v, "KV cache type of values; also -ctv")
       ->capture_default_str();
+  speed->add_option("--kv-calibration", a->kv_calibration, kKvCalibrationHelp);
   speed->add_flag("--json", a->json, "Print one JSON object");
   struct BandwidthArgs {
     int32_t threads = ThreadPool::DefaultThreadCount();

@@ -50,6 +50,12 @@ Expected<KvFormatPtr> InspectKvFormat(const Model& model, const InspectArgs& a) 
   kv.types = {*k, *v};
   kv.block_size = a.block_size;
   kv.n_ctx = a.n_ctx;
+  ThreadPool pool(ThreadPool::ResolveThreadCount(a.threads));
+  // Only quantized keys are calibrated, so only they need the tokenizer.
+  if (!KvTypeIsQuantized(*k)) {
+    if (!a.kv_calibration.empty()) WarnCalibrationUnused(*k);
+    return MakeKvFormat(model, nullptr, pool, kv);
+  }
   auto tok = Tokenizer::FromGguf(model.file());
   if (!tok) return Status::Error(tok.error());
   if (!a.kv_calibration.empty()) {
@@ -58,7 +64,6 @@ Expected<KvFormatPtr> InspectKvFormat(const Model& model, const InspectArgs& a) 
     kv.calibration_tokens = std::move(*tokens);
     kv.calibration_source = a.kv_calibration;
   }
-  ThreadPool pool(ThreadPool::ResolveThreadCount(a.threads));
   return MakeKvFormat(model, tok->get(), pool, kv);
 }
 
@@ -79,7 +84,9 @@ nlohmann::json KvFormatJson(const KvFormat& f) {
 
 // `inspect --json`: the file, the model, and the two digests a cached KV block depends on.
 int RunInspectJson(const InspectArgs& a) {
-  auto model = Model::Load(a.path, {.mode = gguf::LoadMode::kMap});
+  // Loaded as the engine loads it (read into memory and repacked): the calibration's arithmetic,
+  // and so a quantized K type's fingerprint, follows the kernels the weights' layout selects.
+  auto model = Model::Load(a.path);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", model.error().c_str());
     return 1;
@@ -112,7 +119,8 @@ int RunInspectJson(const InspectArgs& a) {
                       {"n_ctx", a.n_ctx},
                       {"kv_format", KvFormatJson(**format)},
                       {"kv_format_fingerprint", (*format)->fingerprint().Hex()}};
-  std::printf("%s\n", j.dump(2).c_str());
+  // A path or model name need not be UTF-8: replaced, not refused.
+  std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 
@@ -150,7 +158,10 @@ int RunInspect(const InspectArgs& a, int64_t kv_memory) {
     std::printf("\n(vocabulary-only file: no model to run)\n");
     return 0;
   }
-  auto model = Model::FromFile(std::move(*file));
+  // The model itself is loaded as the engine loads it: read (so a file that shrinks meanwhile is
+  // an error, not a bus error) and repacked (which the KV format's calibration depends on).
+  file->reset();
+  auto model = Model::Load(path);
   if (!model) {
     std::printf("\nmodel: cannot be run by kvserve: %s\n", model.error().c_str());
     return 0;
@@ -230,13 +241,13 @@ Runner AddInspectCommand(CLI::App& root) {
   cmd->add_flag("--json", a->json,
                 "Print one JSON object: the model, weights_digest and kv_format_fingerprint");
   return [a] {
-    if (a->json) return RunInspectJson(*a);
     int64_t kv_memory = 0;
     std::string error;
     if (!ParseMemorySize(a->kv_memory, &kv_memory, &error)) {
       std::fprintf(stderr, "error: %s\n", error.c_str());
       return 1;
     }
+    if (a->json) return RunInspectJson(*a);
     return RunInspect(*a, kv_memory);
   };
 }

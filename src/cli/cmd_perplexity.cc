@@ -104,7 +104,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
       }
       options.kv.calibration_tokens = std::move(*calibration);
       options.kv.calibration_source = a->kv_calibration;
-    } else {
+    } else if (KvTypeIsQuantized(options.kv.types.k)) {
       options.kv.calibration_tokens =
           KeyCalibrationTokens((*tok).get(), (*model)->config().n_vocab);
     }

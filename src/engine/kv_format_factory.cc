@@ -24,8 +24,16 @@ Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path
                                                          const Tokenizer& tokenizer) {
   auto text = ReadTextFile(path, int64_t{64} << 20);
   if (!text.ok()) return Status::Error("--kv-calibration: " + text.error());
+  // kMaxCalibrationTokens of prose take a few KiB: tokenize a prefix, cut at a space, not a
+  // whole 64 MiB file.
+  constexpr size_t kPrefixBytes = 64 << 10;
+  std::string_view prefix = *text;
+  if (prefix.size() > kPrefixBytes) {
+    const size_t cut = prefix.rfind(' ', kPrefixBytes);
+    prefix = prefix.substr(0, cut == std::string_view::npos || cut == 0 ? kPrefixBytes : cut);
+  }
   std::vector<int32_t> tokens =
-      tokenizer.Encode(*text, /*add_special=*/true, /*parse_special=*/false);
+      tokenizer.Encode(prefix, /*add_special=*/true, /*parse_special=*/false);
   if (tokens.size() > kMaxCalibrationTokens) tokens.resize(kMaxCalibrationTokens);
   if (tokens.size() < 16) {
     return Status::Error(
@@ -41,6 +49,13 @@ BlockHash ModelCacheKey(const Digest128& weights, const KvFormat& format, std::s
       StrFormat("kv:%s|block:%d", format.fingerprint().Hex().c_str(), format.block_size()), salt);
 }
 
+void WarnCalibrationUnused(KvType k_type) {
+  KVS_LOG_WARN(
+      "--kv-calibration has no effect: keys of type %s are not calibrated (only quantized "
+      "K types are)",
+      std::string(KvTypeName(k_type)).c_str());
+}
+
 Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
                                    const KvFormatOptions& options) {
   const ModelConfig& c = model.config();
@@ -48,6 +63,7 @@ Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenize
   KVS_RETURN_IF_ERROR(geometry.Validate());
   const KvRope rope = ModelKvRope(model);
   if (!KvTypeIsQuantized(options.types.k) || !options.calibrate) {
+    if (!options.calibration_tokens.empty()) WarnCalibrationUnused(options.types.k);
     return KvFormat::Make(geometry, rope, {}, {});
   }
   const auto t0 = std::chrono::steady_clock::now();

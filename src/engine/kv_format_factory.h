@@ -55,6 +55,9 @@ Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path
 // and the request's cache salt.
 BlockHash ModelCacheKey(const Digest128& weights, const KvFormat& format, std::string_view salt);
 
+// The warning for --kv-calibration given with a K type that is not calibrated.
+void WarnCalibrationUnused(KvType k_type);
+
 // Logs one line when it calibrates (what, on which text, how long it took).
 Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
                                    const KvFormatOptions& options);
