@@ -210,13 +210,10 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   kvs::KvFormatOptions kv;
   kv.types = {geometry.k_type, geometry.v_type};
   if (!o.kv_calibration_file.empty()) {
-    auto tokens = kvs::CalibrationTokensFromFile(o.kv_calibration_file, *tokenizer);
-    if (!tokens.ok()) {
-      *error = tokens.error();
+    if (auto st = kvs::UseCalibrationFile(o.kv_calibration_file, *tokenizer, &kv); !st.ok()) {
+      *error = st.message();
       return nullptr;
     }
-    kv.calibration_tokens = std::move(*tokens);
-    kv.calibration_source = o.kv_calibration_file;
   }
   for (int32_t id = 0; id < mc.n_vocab; ++id) {
     if (tokenizer->IsEndOfGeneration(id)) impl->end_of_generation.push_back(id);

@@ -87,13 +87,10 @@ int RunSpeed(const SpeedArgs& a) {
       std::fprintf(stderr, "error: %s\n", tok.error().c_str());
       return 1;
     }
-    auto tokens = CalibrationTokensFromFile(a.kv_calibration, **tok);
-    if (!tokens) {
-      std::fprintf(stderr, "error: %s\n", tokens.error().c_str());
+    if (Status st = UseCalibrationFile(a.kv_calibration, **tok, &kv); !st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
       return 1;
     }
-    kv.calibration_tokens = std::move(*tokens);
-    kv.calibration_source = a.kv_calibration;
   }
   auto made = EngineBuilder(**model, tok ? tok->get() : nullptr, pool, std::move(kv)).Single(n_ctx);
   if (!made) {

@@ -59,10 +59,7 @@ Expected<KvFormatPtr> InspectKvFormat(const Model& model, const InspectArgs& a) 
   auto tok = Tokenizer::FromGguf(model.file());
   if (!tok) return Status::Error(tok.error());
   if (!a.kv_calibration.empty()) {
-    auto tokens = CalibrationTokensFromFile(a.kv_calibration, **tok);
-    if (!tokens) return tokens.status();
-    kv.calibration_tokens = std::move(*tokens);
-    kv.calibration_source = a.kv_calibration;
+    KVS_RETURN_IF_ERROR(UseCalibrationFile(a.kv_calibration, **tok, &kv));
   }
   return MakeKvFormat(model, tok->get(), pool, kv);
 }

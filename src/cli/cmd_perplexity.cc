@@ -97,13 +97,10 @@ Runner AddPerplexityCommand(CLI::App& root) {
     options.bos_id = bos;
     options.kl_base = a->kl_base;
     if (!a->kv_calibration.empty()) {
-      auto calibration = CalibrationTokensFromFile(a->kv_calibration, **tok);
-      if (!calibration) {
-        std::fprintf(stderr, "error: %s\n", calibration.error().c_str());
+      if (Status st = UseCalibrationFile(a->kv_calibration, **tok, &options.kv); !st.ok()) {
+        std::fprintf(stderr, "error: %s\n", st.message().c_str());
         return 1;
       }
-      options.kv.calibration_tokens = std::move(*calibration);
-      options.kv.calibration_source = a->kv_calibration;
     } else if (KvTypeIsQuantized(options.kv.types.k)) {
       options.kv.calibration_tokens =
           KeyCalibrationTokens((*tok).get(), (*model)->config().n_vocab);

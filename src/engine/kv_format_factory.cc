@@ -20,8 +20,8 @@ KvRope ModelKvRope(const Model& model) {
                 model.weights().rope_freqs};
 }
 
-Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path,
-                                                         const Tokenizer& tokenizer) {
+Status UseCalibrationFile(const std::string& path, const Tokenizer& tokenizer,
+                          KvFormatOptions* options) {
   auto text = ReadTextFile(path, int64_t{64} << 20);
   if (!text.ok()) return Status::Error("--kv-calibration: " + text.error());
   // kMaxCalibrationTokens of prose take a few KiB: tokenize a prefix, cut at a space, not a
@@ -40,7 +40,9 @@ Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path
         StrFormat("--kv-calibration %s: %zu tokens; the key statistics need at least 16",
                   path.c_str(), tokens.size()));
   }
-  return tokens;
+  options->calibration_tokens = std::move(tokens);
+  options->calibration_source = path;
+  return Status::Ok();
 }
 
 BlockHash ModelCacheKey(const Digest128& weights, const KvFormat& format, std::string_view salt) {

@@ -45,10 +45,11 @@ inline KvFormatOptions KvFormatWithTypes(KvTypes types) {
   return options;
 }
 
-// Tokens of a user's calibration text (--kv-calibration FILE): its first kMaxCalibrationTokens,
-// BOS first where the model adds one. An unreadable or too short file is an error.
-Expected<std::vector<int32_t>> CalibrationTokensFromFile(const std::string& path,
-                                                         const Tokenizer& tokenizer);
+// Calibrates on a user's text (--kv-calibration FILE): sets options' calibration tokens to its
+// first kMaxCalibrationTokens (BOS first where the model adds one) and its source to the path.
+// An unreadable or too short file is an error, and options are left as they were.
+Status UseCalibrationFile(const std::string& path, const Tokenizer& tokenizer,
+                          KvFormatOptions* options);
 
 // The prefix-cache key of a model's blocks: what their bytes depend on besides the tokens — the
 // weights (their digest), the KV format (its fingerprint; the block size again, explicitly)
