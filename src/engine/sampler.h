@@ -45,6 +45,9 @@ class Sampler {
  public:
   Sampler(const SamplingParams& params, int32_t n_vocab);
 
+  const SamplingParams& params() const { return params_; }
+  int32_t n_vocab() const { return n_vocab_; }
+
   // Picks the next token from logits[n_vocab]; `history` is the sequence so far (prompt and
   // generated), used by the penalties. `in_flight` are tokens after it that are not committed yet
   // (a speculative draft); the penalties treat them as appended to `history`.
