@@ -36,6 +36,10 @@ struct RunRecord {
 class FakeRunner final : public StepRunner {
  public:
   int32_t n_vocab() const override { return kVocab; }
+  Status CopyBlocks(std::span<const BlockCopy> c) override {
+    copies.insert(copies.end(), c.begin(), c.end());
+    return Status::Ok();
+  }
   Status Execute(const StepInput& step, float* logits) override {
     steps.emplace_back();
     copies.insert(copies.end(), step.copies.begin(), step.copies.end());

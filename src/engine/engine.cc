@@ -34,6 +34,7 @@ Status EngineConfig::Validate() const {
         StrFormat("--max-batch-tokens %d: must be between 1 and 65536", max_batch_tokens));
   }
   if (block_size < 1) return Status::Error("--block-size must be positive");
+  KVS_RETURN_IF_ERROR(spec.Validate());
   const int64_t blocks_per_seq = (static_cast<int64_t>(n_ctx) + block_size - 1) / block_size;
   const int32_t watermark = watermark_blocks >= 0 ? watermark_blocks : n_blocks / 100;
   if (n_blocks - 1 - watermark < std::min<int64_t>(blocks_per_seq, 1)) {
@@ -43,14 +44,16 @@ Status EngineConfig::Validate() const {
   return Status::Ok();
 }
 
-Engine::Engine(const EngineConfig& config, StepRunner& runner)
+Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter)
     : config_(config),
       runner_(runner),
       kv_(config.n_blocks, config.block_size,
           config.watermark_blocks >= 0 ? config.watermark_blocks : config.n_blocks / 100),
       scheduler_(SchedulerConfig{config.max_seqs, config.max_batch_tokens,
                                  config.reserve_full_context ? config.n_ctx : 0},
-                 kv_) {
+                 kv_),
+      drafter_(drafter),
+      spec_policy_(config.spec, drafter ? drafter->relative_cost() : 1.0) {
   KVS_CHECK(config.Validate().ok());
   kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
 }
@@ -153,6 +156,7 @@ void Engine::Finish(Sequence* seq, FinishReason reason, int32_t token, const std
 void Engine::Finish(Sequence* seq, FinishReason reason, TokenEvent event) {
   event.finished = true;
   event.reason = reason;
+  if (drafter_) drafter_->Release(seq->id);
   scheduler_.Remove(seq);
   auto it = requests_.find(seq->request);
   KVS_CHECK(it != requests_.end());
@@ -211,8 +215,11 @@ void FillLogprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k
 }  // namespace
 
 void Engine::SampleAndEmit(Sequence* seq, const float* logits) {
+  Emit(seq, seq->sampler->Sample(logits, seq->tokens), logits);
+}
+
+bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
   const RequestOptions& o = requests_.at(seq->request).options;
-  const int32_t token = seq->sampler->Sample(logits, seq->tokens);
   TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
   event.cached_tokens = std::max(0, seq->cached_tokens);
   if (o.logprobs >= 0) FillLogprobs(logits, runner_.n_vocab(), token, o.logprobs, &event);
@@ -226,49 +233,58 @@ void Engine::SampleAndEmit(Sequence* seq, const float* logits) {
   }
   if (reason != FinishReason::kNone) {
     Finish(seq, reason, std::move(event));
-    return;
+    return false;
   }
   const RequestState& r = requests_.at(seq->request);
   if (r.on_token) r.on_token(event);
+  return true;
 }
 
 Status Engine::Step(EngineStepStats* stats) {
+  if (drafter_) AddLookahead();
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};
   if (plan.empty()) return Status::Ok();
   copies_.clear();
   scheduler_.Apply(plan, &copies_);
+  for (Sequence* seq : plan.preempt) {
+    DropDrafts(seq);
+    if (drafter_) drafter_->Release(seq->id);
+  }
+  runs_.assign(plan.runs.begin(), plan.runs.end());
+  if (drafter_) ProposeDrafts();
 
   int32_t n_rows = 0;
-  for (const ScheduledRun& r : plan.runs) {
-    // More than one row per run is draft verification, which is not implemented yet.
-    KVS_CHECK(r.n_logits <= 1);
-    n_rows += r.n_logits;
-  }
+  for (const ScheduledRun& r : runs_) n_rows += r.n_logits;
   logits_.resize(static_cast<size_t>(n_rows) * runner_.n_vocab());
-  const Status status = runner_.Execute(StepInput{plan.runs, copies_, &kv_}, logits_.data());
+  const Status status = runner_.Execute(StepInput{runs_, copies_, &kv_}, logits_.data());
   if (!status.ok()) {
     // Each sequence is in a plan once, so every r.seq is still alive here.
-    for (const ScheduledRun& r : plan.runs)
-      Finish(r.seq, FinishReason::kError, -1, status.message());
+    for (const ScheduledRun& r : runs_) Finish(r.seq, FinishReason::kError, -1, status.message());
     return status;
   }
   if (stats) {
-    stats->n_tokens = plan.n_tokens;
+    stats->n_tokens = 0;
+    for (const ScheduledRun& r : runs_) stats->n_tokens += r.n_tokens;
     stats->n_preempted = static_cast<int32_t>(plan.preempt.size());
   }
 
   // Runs are never finished sequences, and sampling only retires the sequence it samples.
   int32_t row = 0;
-  for (const ScheduledRun& r : plan.runs) {
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    const ScheduledRun& r = runs_[i];
     Sequence* seq = r.seq;
+    const float* logits = logits_.data() + static_cast<size_t>(row) * runner_.n_vocab();
+    row += r.n_logits;
+    if (seq->n_in_flight > 0) {
+      VerifyAndEmit(seq, i, logits);
+      continue;
+    }
     seq->n_computed += r.n_tokens;
     // Only committed tokens are hashed, so only they can enter the prefix cache.
     kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
     kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
     if (r.n_logits == 0) continue;
-    const float* logits = logits_.data() + static_cast<size_t>(row) * runner_.n_vocab();
-    row += r.n_logits;
     std::vector<Sequence*> choices{seq};
     if (seq->seats > 1) {
       Fork(seq);
@@ -278,6 +294,8 @@ Status Engine::Step(EngineStepStats* stats) {
     }
     for (Sequence* s : choices) SampleAndEmit(s, logits);
   }
+  // Lookahead the plan left out (no budget for it) is dropped: drafts live for one step.
+  for (Sequence* seq : scheduler_.running()) DropDrafts(seq);
 
   if (config_.verify_each_step) {
     const Status integrity = kv_.VerifyIntegrity();
@@ -286,6 +304,9 @@ Status Engine::Step(EngineStepStats* stats) {
   if (stats) {
     stats->prefix_queries = scheduler_.prefix_queries();
     stats->prefix_hits = scheduler_.prefix_hits();
+    stats->spec_drafts = spec_drafts_;
+    stats->spec_draft_tokens = spec_draft_tokens_;
+    stats->spec_accepted_tokens = spec_accepted_tokens_;
     stats->n_running = static_cast<int32_t>(scheduler_.running().size());
     stats->n_waiting = static_cast<int32_t>(scheduler_.waiting().size());
     for (const Sequence* s : scheduler_.running()) {

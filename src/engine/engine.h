@@ -13,6 +13,8 @@
 #include "core/status.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/spec/drafter.h"
+#include "engine/spec/spec_policy.h"
 #include "engine/step_runner.h"
 #include "kv/kv_cache_manager.h"
 
@@ -34,6 +36,7 @@ struct EngineConfig {
   bool reserve_full_context = false;  // the contiguous baseline: admission reserves n_ctx
   bool verify_each_step = false;      // KvCacheManager::VerifyIntegrity after every step
   bool prefix_cache = true;           // share cached full blocks of repeated prefixes
+  SpecConfig spec;                    // speculative decoding, when the engine has a drafter
 
   Status Validate() const;
 };
@@ -47,11 +50,18 @@ struct EngineStepStats {
   int64_t reserved_positions = 0;  // positions of the blocks in use
   int64_t prefix_queries = 0;      // totals so far: prompt tokens looked up in the prefix cache
   int64_t prefix_hits = 0;         // and found there
+  // Speculative decoding, totals so far (vLLM's spec_decode counters): verifications with at
+  // least one draft, drafted tokens, and of those the accepted ones.
+  int64_t spec_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
 };
 
 class Engine {
  public:
-  Engine(const EngineConfig& config, StepRunner& runner);
+  // drafter: null, or what proposes drafts for speculative decoding (it must outlive the
+  // engine); every decoding sequence may then verify up to config.spec.draft_max drafts a step.
+  Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter = nullptr);
 
   // Queues a request; its tokens stream through on_token. Bad input is an error, never a crash.
   Expected<RequestId> Submit(std::vector<int32_t> prompt, const RequestOptions& options,
@@ -73,6 +83,7 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   const KvCacheManager& kv() const { return kv_; }
   const Scheduler& scheduler() const { return scheduler_; }
+  const Drafter* drafter() const { return drafter_; }
 
  private:
   struct RequestState {
@@ -84,6 +95,15 @@ class Engine {
   void Fork(Sequence* parent);
   // Samples the next token of seq from logits, streams it, and retires seq when it is done.
   void SampleAndEmit(Sequence* seq, const float* logits);
+  // Appends token (sampled from `logits`, for logprobs) to seq and streams it; retires seq when
+  // it is done. False when seq is gone.
+  bool Emit(Sequence* seq, int32_t token, const float* logits);
+  // Speculation (engine_spec.cc): lookahead placeholders before planning, the drafter's tokens
+  // once the plan gave them slots, verification after the pass.
+  void AddLookahead();
+  void ProposeDrafts();
+  void VerifyAndEmit(Sequence* seq, size_t run, const float* logits);
+  void DropDrafts(Sequence* seq);
   void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
@@ -99,6 +119,11 @@ class Engine {
   int64_t next_arrival_ = 0;
   std::vector<BlockCopy> copies_;
   std::vector<float> logits_;
+  std::vector<ScheduledRun> runs_;  // the step's runs, as drafting trimmed them
+  Drafter* drafter_ = nullptr;
+  SpecPolicy spec_policy_;
+  std::vector<std::vector<std::vector<TokenProb>>> draft_probs_;  // per run: per draft, its q
+  int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
 };
 
 }  // namespace kvs

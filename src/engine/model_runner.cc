@@ -7,14 +7,20 @@ namespace kvs {
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr format, int32_t n_blocks)
     : model_(model), storage_(std::move(format), n_blocks), forward_(model, pool) {}
 
-Status ModelRunner::Execute(const StepInput& step, float* logits) {
+Status ModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   const int32_t m = storage_.kernel_blocks_per_block();
-  for (const BlockCopy& copy : step.copies) {
+  for (const BlockCopy& copy : copies) {
     for (const KvLayerView& layer : storage_.layers()) {
       CopyKvBlocks(layer, static_cast<int64_t>(copy.src.value) * m,
                    static_cast<int64_t>(copy.dst.value) * m, m);
     }
   }
+  return Status::Ok();
+}
+
+Status ModelRunner::Execute(const StepInput& step, float* logits) {
+  const int32_t m = storage_.kernel_blocks_per_block();
+  KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
   batch_.Clear();
   for (const ScheduledRun& r : step.runs) {
     const Sequence& seq = *r.seq;

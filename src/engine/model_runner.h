@@ -20,8 +20,12 @@ class ModelRunner final : public StepRunner {
   ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr format, int32_t n_blocks);
 
   int32_t n_vocab() const override { return model_.config().n_vocab; }
+  Status CopyBlocks(std::span<const BlockCopy> copies) override;
   Status Execute(const StepInput& step, float* logits) override;
   const KvStorage& storage() const { return storage_; }
+  // The self drafter writes its draft tokens' K/V into the sequences' own lookahead slots.
+  KvStorage& mutable_storage() { return storage_; }
+  const Model& model() const { return model_; }
 
  private:
   const Model& model_;

@@ -10,6 +10,7 @@
 
 #include "core/ids.h"
 #include "engine/sampler.h"
+#include "engine/spec/spec_policy.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {
@@ -29,6 +30,8 @@ struct RequestOptions {
   int32_t logprobs = -1;  // >= 0: report the chosen token's log-probability and this many
                           // most likely alternatives (of the model's distribution, before
                           // sampling's penalties and temperature)
+  bool speculative = true;  // false: this request never drafts (the request field
+                            // "speculative": false), whatever the engine's --spec-type
 };
 
 struct TokenLogprob {
@@ -63,8 +66,9 @@ enum class SeqState { kWaiting, kRunning, kFinished };
 //   [n_committed(), tokens.size()) n_in_flight draft tokens: computed with the last committed
 //                                  token to be verified, then kept or truncated away
 // Drafts never count as output, never make a run a prefill, and are never hashed into the
-// prefix cache. Nothing proposes drafts yet (speculative decoding is a later issue), so
-// n_in_flight is 0 today.
+// prefix cache. They live for one step: the engine adds lookahead placeholders before planning,
+// the drafter fills them once the plan gave them slots, and verification keeps an accepted
+// prefix as committed tokens; n_in_flight is 0 between steps.
 struct Sequence {
   SeqId id;
   RequestId request = 0;
@@ -86,6 +90,7 @@ struct Sequence {
   std::vector<BlockHash> block_hashes;
   int32_t cached_tokens = -1;  // prefix-cache hit at first admission (-1: not admitted yet)
   std::unique_ptr<Sampler> sampler;
+  SpecState spec;  // speculative decoding's acceptance estimate (spec_policy.h)
 
   int32_t n_committed() const { return static_cast<int32_t>(tokens.size()) - n_in_flight; }
   int32_t n_output() const { return n_committed() - n_prompt; }

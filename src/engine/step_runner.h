@@ -25,6 +25,9 @@ class StepRunner {
  public:
   virtual ~StepRunner() = default;
   virtual int32_t n_vocab() const = 0;
+  // Copies blocks (all layers), src to dst in order. Execute does its step's copies itself; the
+  // engine calls this first only when a drafter must see the copied blocks before the pass.
+  virtual Status CopyBlocks(std::span<const BlockCopy> copies) = 0;
   // Copies blocks, computes every run, and writes logits[sum of n_logits][n_vocab]: each run's
   // rows, for its last n_logits positions, in run order.
   virtual Status Execute(const StepInput& step, float* logits) = 0;
