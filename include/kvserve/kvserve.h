@@ -80,6 +80,18 @@ struct EngineOptions {
   // --kv-calibration: text whose keys decide how a quantized K type codes keys (empty: a
   // built-in paragraph). Part of the KV format fingerprint.
   std::string kv_calibration_file;
+
+  // Speculative decoding (--spec-type): "none", "draft" (a second GGUF with the same
+  // vocabulary, draft_model), "ngram" (prompt lookup), "self" (the model's own weights
+  // re-quantized to draft_weights, attending to a window of its own KV). The output is the
+  // model's own: greedy output is unchanged token for token, sampled output keeps its
+  // distribution (rejection sampling).
+  std::string spec_type = "none";
+  std::shared_ptr<const Model> draft_model;  // -md/--model-draft, for "draft"
+  std::string draft_weights;                 // --draft-weights q8_0|q4_0|f16 ("": by target type)
+  int32_t draft_window = 512;                // --draft-window: recent positions a self draft reads
+  int32_t draft_max = 4;                     // --draft-max: most drafts per sequence and step
+  int32_t draft_min = 0;                     // --draft-min: adaptive k never goes below it
 };
 
 struct GenerationOptions {
@@ -100,6 +112,7 @@ struct GenerationOptions {
   std::string cache_salt;   // requests with different salts never share cached KV
   bool ignore_eos = false;  // else the model's end-of-generation tokens stop a choice
   std::vector<int32_t> stop_tokens;  // more tokens that stop a choice
+  bool speculative = true;  // false: never draft for this request (when the engine speculates)
 };
 
 struct TokenEvent {
@@ -132,6 +145,10 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // prompt tokens found cached
+  // Speculative decoding totals (vLLM's spec_decode counters).
+  int64_t spec_drafts = 0;           // verifications with at least one draft
+  int64_t spec_draft_tokens = 0;     // tokens drafted
+  int64_t spec_accepted_tokens = 0;  // of those, accepted
 };
 
 class Engine {

@@ -123,6 +123,7 @@ kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Dige
   r.sampling.seed = g.seed;
   r.stop_ids = g.stop_tokens;
   r.logprobs = g.logprobs;
+  r.speculative = g.speculative;
   if (!g.ignore_eos) {
     r.stop_ids.insert(r.stop_ids.end(), end_of_generation.begin(), end_of_generation.end());
   }
@@ -199,6 +200,42 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   ec.n_blocks = static_cast<int32_t>(n_blocks);
   ec.reserve_full_context = o.reserve_full_context;
   ec.prefix_cache = o.prefix_cache;
+  ec.spec.draft_max = o.draft_max;
+  ec.spec.draft_min = o.draft_min;
+  kvs::SpecOptions spec;
+  {
+    auto type = kvs::ParseSpecType(o.spec_type);
+    if (!type.ok()) {
+      *error = type.error();
+      return nullptr;
+    }
+    spec.type = *type;
+    if (spec.type != kvs::SpecType::kNone) {
+      if (auto st = ec.spec.Validate(); !st.ok()) {
+        *error = st.message();
+        return nullptr;
+      }
+    }
+    if (o.draft_model && spec.type != kvs::SpecType::kDraft) {
+      *error = "-md/--model-draft is only used with --spec-type draft";
+      return nullptr;
+    }
+    // Shares ownership of the public model, pointing at the model inside it.
+    if (o.draft_model) {
+      spec.draft_model =
+          std::shared_ptr<const kvs::Model>(o.draft_model, o.draft_model->impl().model.get());
+    }
+    if (!o.draft_weights.empty()) {
+      auto dtype = kvs::ParseDraftWeightsType(o.draft_weights);
+      if (!dtype.ok()) {
+        *error = dtype.error();
+        return nullptr;
+      }
+      spec.draft_weights_set = true;
+      spec.draft_weights = *dtype;
+    }
+    spec.draft_window = o.draft_window;
+  }
   if (auto st = ec.Validate(); !st.ok()) {
     *error = st.message();
     return nullptr;
@@ -222,6 +259,10 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   // that can fail even below the available RAM, which is a bad option, not a crash.
   try {
     kvs::EngineBuilder builder(m, tokenizer, *impl->pool, std::move(kv));
+    if (auto st = builder.Speculative(std::move(spec)); !st.ok()) {
+      *error = st.message();
+      return nullptr;
+    }
     auto format = builder.Format(ec.block_size, ec.n_ctx);
     if (!format.ok()) {
       *error = format.error();
@@ -298,6 +339,9 @@ EngineStats Engine::stats() const {
   s.preemptions = load.preemptions;
   s.prefix_cache_queries = load.prefix_queries;
   s.prefix_cache_hits = load.prefix_hits;
+  s.spec_drafts = load.spec_drafts;
+  s.spec_draft_tokens = load.spec_draft_tokens;
+  s.spec_accepted_tokens = load.spec_accepted_tokens;
   return s;
 }
 

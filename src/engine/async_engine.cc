@@ -4,8 +4,11 @@
 
 namespace kvs {
 
-AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner)
-    : runner_(std::move(runner)), engine_(config, *runner_) {
+AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner,
+                         SpecRuntime spec)
+    : runner_(std::move(runner)),
+      spec_(std::move(spec)),
+      engine_(config, *runner_, spec_.drafter.get()) {
   load_.usable_blocks = engine_.kv().num_usable_blocks();
   load_.free_blocks = engine_.kv().num_free_blocks();
   thread_ = std::thread([this] { Loop(); });
@@ -100,6 +103,9 @@ void AsyncEngine::Loop() {
     if (stats.n_tokens > 0) {  // an idle step reports no totals
       load_.prefix_queries = stats.prefix_queries;
       load_.prefix_hits = stats.prefix_hits;
+      load_.spec_drafts = stats.spec_drafts;
+      load_.spec_draft_tokens = stats.spec_draft_tokens;
+      load_.spec_accepted_tokens = stats.spec_accepted_tokens;
     }
   }
 }

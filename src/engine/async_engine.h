@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/spec/spec_runtime.h"
 
 namespace kvs {
 
@@ -26,11 +27,16 @@ struct EngineLoad {
   int64_t preemptions = 0;
   int64_t prefix_queries = 0;
   int64_t prefix_hits = 0;
+  int64_t spec_drafts = 0;  // EngineStepStats' speculative decoding totals
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
 };
 
 class AsyncEngine {
  public:
-  AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner);
+  // spec: the drafter (and what it reads) when the engine speculates.
+  AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner,
+              SpecRuntime spec = {});
   ~AsyncEngine();  // Shutdown()
 
   // Validates at once (bad input is an error here, not a callback) and queues the request.
@@ -57,6 +63,7 @@ class AsyncEngine {
   void Loop();
 
   std::unique_ptr<StepRunner> runner_;
+  SpecRuntime spec_;
   Engine engine_;  // touched only by the loop thread (and by Submit's read-only validation)
   std::atomic<RequestId> next_id_{1};
   mutable std::mutex mu_;

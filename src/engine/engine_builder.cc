@@ -2,6 +2,11 @@
 
 #include <utility>
 
+#include "core/log.h"
+#include "engine/spec/draft_model_drafter.h"
+#include "engine/spec/self_drafter.h"
+#include "model/compressed_view.h"
+
 namespace kvs {
 
 EngineBuilder::EngineBuilder(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
@@ -30,19 +35,80 @@ Expected<std::unique_ptr<ModelRunner>> EngineBuilder::Runner(const EngineConfig&
   return std::make_unique<ModelRunner>(model_, pool_, *format, config.n_blocks);
 }
 
+Status EngineBuilder::Speculative(SpecOptions options) {
+  if (options.type == SpecType::kDraft) {
+    if (!options.draft_model) {
+      return Status::Error("--spec-type draft needs a draft model (-md/--model-draft FILE)");
+    }
+    KVS_RETURN_IF_ERROR(CheckDraftPairing(model_, *options.draft_model));
+  }
+  if (options.type == SpecType::kSelf && !options.draft_weights_set) {
+    options.draft_weights = DefaultDraftWeightsType(model_);
+  }
+  if (options.draft_window < 0) {
+    return Status::Error(StrFormat("--draft-window %d: must be 0 (the whole context) or positive",
+                                   options.draft_window));
+  }
+  spec_ = std::move(options);
+  return Status::Ok();
+}
+
+Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelRunner& runner) {
+  SpecRuntime spec;
+  switch (spec_.type) {
+    case SpecType::kNone:
+      break;
+    case SpecType::kNgram:
+      spec.drafter = std::make_unique<NgramDrafter>(spec_.ngram);
+      break;
+    case SpecType::kDraft: {
+      spec.draft_model = spec_.draft_model;
+      auto drafter = MakeDraftModelDrafter(model_, *spec.draft_model, pool_, config.n_ctx,
+                                           config.max_seqs);
+      if (!drafter.ok()) return drafter.status();
+      spec.drafter = std::move(*drafter);
+      break;
+    }
+    case SpecType::kSelf: {
+      CompressedViewOptions view_options;
+      view_options.type = spec_.draft_weights;
+      auto view = MakeCompressedView(model_, view_options, pool_);
+      if (!view.ok()) return view.status();
+      spec.view = std::move(*view);
+      SelfDraftOptions self;
+      self.window = spec_.draft_window;
+      auto drafter = std::make_unique<SelfDrafter>(model_, *spec.view, pool_,
+                                                   runner.mutable_storage(), self);
+      KVS_LOG_INFO("[info] spec: self-drafting over %.*s weights (%.0f%% of the target's bytes), "
+                   "window %d + %d sink positions",
+                   static_cast<int>(DTypeName(spec_.draft_weights).size()),
+                   DTypeName(spec_.draft_weights).data(), 100.0 * drafter->relative_cost(), self.window,
+                   SelfDraftOptions::kSinkTokens);
+      spec.drafter = std::move(drafter);
+      break;
+    }
+  }
+  return spec;
+}
+
 Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   auto runner = Runner(config);
   if (!runner.ok()) return runner.status();
   LocalEngine local;
   local.runner = std::move(*runner);
-  local.engine = std::make_unique<Engine>(config, *local.runner);
+  auto spec = MakeSpec(config, *local.runner);
+  if (!spec.ok()) return spec.status();
+  local.spec = std::move(*spec);
+  local.engine = std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get());
   return local;
 }
 
 Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& config) {
   auto runner = Runner(config);
   if (!runner.ok()) return runner.status();
-  return std::make_unique<AsyncEngine>(config, std::move(*runner));
+  auto spec = MakeSpec(config, **runner);
+  if (!spec.ok()) return spec.status();
+  return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec));
 }
 
 Expected<std::unique_ptr<SingleSequence>> EngineBuilder::Single(int32_t n_ctx) {

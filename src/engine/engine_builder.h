@@ -14,14 +14,16 @@
 #include "engine/kv_format_factory.h"
 #include "engine/model_runner.h"
 #include "engine/single_sequence.h"
+#include "engine/spec/spec_runtime.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvs {
 
-// A synchronous engine and the runner it steps (the engine holds a reference to it).
+// A synchronous engine, the runner it steps and its drafter (the engine holds references).
 struct LocalEngine {
   std::unique_ptr<ModelRunner> runner;
+  SpecRuntime spec;
   std::unique_ptr<Engine> engine;
 };
 
@@ -34,6 +36,9 @@ class EngineBuilder {
   // The KV format at this block size and context (the context a constant key offset is
   // averaged over); made once per pair, calibrating where the K type needs it.
   Expected<KvFormatPtr> Format(int32_t block_size, int32_t n_ctx);
+  // Speculative decoding for the engines built after this (Local, Async): checks the options
+  // (a draft model that cannot pair with the target is refused here, naming the mismatch).
+  Status Speculative(SpecOptions options);
 
   // The model runner over config.n_blocks blocks of config.block_size.
   Expected<std::unique_ptr<ModelRunner>> Runner(const EngineConfig& config);
@@ -43,12 +48,16 @@ class EngineBuilder {
   Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
 
  private:
+  // The drafter of the Speculative options over runner's KV (none: an empty runtime).
+  Expected<SpecRuntime> MakeSpec(const EngineConfig& config, ModelRunner& runner);
+
   const Model& model_;
   const Tokenizer* tokenizer_;
   ThreadPool& pool_;
   KvFormatOptions kv_;
   KvFormatPtr format_;  // the last one made, and the context it was made for
   int32_t format_ctx_ = 0;
+  SpecOptions spec_;
 };
 
 }  // namespace kvs
