@@ -255,7 +255,8 @@ int RunBandwidth(int32_t requested_threads, int32_t size_mib, const std::string&
 
 Runner AddBenchCommand(CLI::App& root) {
   CLI::App* bench =
-      root.add_subcommand("bench", "Benchmarks (speed, bandwidth, memory, throughput, serve)");
+      root.add_subcommand("bench",
+                          "Benchmarks (speed, bandwidth, memory, throughput, serve, spec)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand("speed", "Prefill and decode tokens/s, like llama-bench");
@@ -308,8 +309,10 @@ Runner AddBenchCommand(CLI::App& root) {
   bandwidth->add_flag("--json", bw->json, "Print one JSON object");
   Runner engine_benches = AddEngineBenchCommands(bench);
   Runner serve_bench = AddServeBenchCommand(bench);
-  return [a, speed, bw, bandwidth, engine_benches, serve_bench]() -> int {
+  Runner spec_bench = AddSpecBenchCommand(bench);
+  return [a, speed, bw, bandwidth, engine_benches, serve_bench, spec_bench]() -> int {
     if (const int rc = engine_benches(); rc >= 0) return rc;
+    if (const int rc = spec_bench(); rc >= 0) return rc;
     if (const int rc = serve_bench(); rc >= 0) return rc;
     if (bandwidth->parsed()) return RunBandwidth(bw->threads, bw->size_mib, bw->pages, bw->json);
     if (!speed->parsed()) return 1;

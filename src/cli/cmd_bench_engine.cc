@@ -248,6 +248,7 @@ int RunThroughput(ThroughputArgs a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
   if (!ResolveKvMemory(&a.engine)) return 1;
+  if (!ResolveSpecFlags(&a.engine)) return 1;
   std::string error;
   auto model = kvserve::Model::Load(path, a.model_options, &error);
   if (!model) {

@@ -36,6 +36,7 @@ int RunGenerate(GenerateArgs a) {
   std::string prompt = a.prompt;
   if (!a.prompt_file.empty() && !ReadTextFile(a.prompt_file, &prompt)) return 1;
   if (!ResolveKvMemory(&a.engine)) return 1;
+  if (!ResolveSpecFlags(&a.engine)) return 1;
   std::string error;
   std::shared_ptr<kvserve::Model> model = kvserve::Model::Load(model_path, a.model_options, &error);
   if (!model) {

@@ -24,6 +24,7 @@ int RunServe(ServeArgs a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
   if (!ResolveKvMemory(&a.engine)) return 1;
+  if (!ResolveSpecFlags(&a.engine)) return 1;
   // Signals are taken by sigwait below, never by a handler on a random thread; every thread
   // started from here on inherits the mask. A vanished client must not kill the process.
   sigset_t stop_signals;

@@ -20,6 +20,8 @@ Runner AddBenchCommand(CLI::App& root);
 Runner AddServeCommand(CLI::App& root);
 // `bench memory` and `bench throughput`; the runner returns -1 when neither was chosen.
 Runner AddEngineBenchCommands(CLI::App* bench);
+// `bench spec`, speculative against plain decoding; the runner returns -1 when not chosen.
+Runner AddSpecBenchCommand(CLI::App* bench);
 // `bench serve`, the HTTP load generator; the runner returns -1 when it was not chosen.
 Runner AddServeBenchCommand(CLI::App* bench);
 

@@ -52,6 +52,32 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   cmd->add_option("--kv-calibration", o.kv_calibration_file, kKvCalibrationHelp);
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
+  cmd->add_option("--spec-type", o.spec_type,
+                  "Speculative decoding: none, draft (a draft model, -md), ngram (prompt lookup), "
+                  "self (the model's own re-quantized weights over a window of its KV); the "
+                  "output stays the model's own")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "draft", "ngram", "self"}));
+  cmd->add_option("-md,--model-draft", f->draft_model_path,
+                  "Draft model for --spec-type draft: a GGUF with the same vocabulary");
+  cmd->add_option("--draft-max,--draft,--draft-n", o.draft_max,
+                  "Most tokens drafted per sequence and step (adaptive below it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 32));
+  cmd->add_option("--draft-min", o.draft_min,
+                  "Fewest tokens drafted per step: adaptive k never goes below it (>= 1: "
+                  "speculation never switches itself off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 32));
+  cmd->add_option("--draft-weights", o.draft_weights,
+                  "--spec-type self: the type the model's matrices are re-quantized to for "
+                  "drafting: q8_0, q4_0, f16 (default: q8_0 for f32/f16/bf16 models, q4_0 for "
+                  "others where smaller)");
+  cmd->add_option("--draft-window", o.draft_window,
+                  "--spec-type self: recent positions the draft attends to, besides 16 sink "
+                  "positions (0: the whole context)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -105,6 +131,34 @@ bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error
     return false;
   }
   *bytes = static_cast<int64_t>(value * scale);
+  return true;
+}
+
+bool ResolveSpecFlags(EngineFlags* f) {
+  kvserve::EngineOptions& o = f->options;
+  if (o.draft_min > o.draft_max) {
+    std::fprintf(stderr, "error: --draft-min %d is more than --draft-max %d\n", o.draft_min,
+                 o.draft_max);
+    return false;
+  }
+  if (o.spec_type == "draft" && f->draft_model_path.empty()) {
+    std::fprintf(stderr,
+                 "error: --spec-type draft needs a draft model: -md/--model-draft FILE (a GGUF "
+                 "with the same vocabulary)\n");
+    return false;
+  }
+  if (f->draft_model_path.empty()) return true;
+  if (o.spec_type == "none") o.spec_type = "draft";  // -md alone means a draft model, as llama.cpp
+  if (o.spec_type != "draft") {
+    std::fprintf(stderr, "error: -md/--model-draft is only used with --spec-type draft\n");
+    return false;
+  }
+  std::string error;
+  o.draft_model = kvserve::Model::Load(f->draft_model_path, &error);
+  if (!o.draft_model) {
+    std::fprintf(stderr, "error: draft model: %s\n", error.c_str());
+    return false;
+  }
   return true;
 }
 

@@ -14,6 +14,7 @@ namespace kvs::cli {
 struct EngineFlags {
   kvserve::EngineOptions options;
   std::string kv_memory;  // BYTES (K/M/G suffixes, KiB/MiB/GiB too) or N% of available RAM
+  std::string draft_model_path;  // -md/--model-draft
 };
 
 // Registers the flags on cmd; default_parallel is -np's default for this command.
@@ -29,6 +30,10 @@ CLI::Validator RealRange(double lo, double hi, bool lo_open = false);
 // Turns --kv-memory into bytes (0 when unset); false, with the error on stderr, when it does
 // not parse.
 bool ResolveKvMemory(EngineFlags* flags);
+
+// Loads -md (when given) into options.draft_model and checks the speculation flags go together;
+// false, with the error on stderr, otherwise.
+bool ResolveSpecFlags(EngineFlags* flags);
 
 // "512M", "2GiB", "1e9", "25%" (of the available RAM) -> bytes; false when malformed.
 bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error);

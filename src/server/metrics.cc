@@ -87,6 +87,14 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
         static_cast<double>(s.prefix_cache_queries));
   gauge("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
         static_cast<double>(s.prefix_cache_hits));
+  // Speculative decoding, with vLLM's names (acceptance rate = accepted / draft tokens).
+  gauge("spec_decode_num_drafts_total", "counter",
+        "Speculative verifications (a sequence's drafts checked in one step).",
+        static_cast<double>(s.spec_drafts));
+  gauge("spec_decode_num_draft_tokens_total", "counter", "Tokens drafted.",
+        static_cast<double>(s.spec_draft_tokens));
+  gauge("spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
+        static_cast<double>(s.spec_accepted_tokens));
   gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
   gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
   // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding

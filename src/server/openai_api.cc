@@ -218,6 +218,8 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
     g.cache_salt = *it;
   }
   if (auto e = Bool(body, "ignore_eos", &g.ignore_eos)) return e;
+  // Opting out of speculative decoding (it never changes the output, only its speed).
+  if (auto e = Bool(body, "speculative", &g.speculative)) return e;
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
     if (auto e = Bool(*it, "include_usage", &out->include_usage)) {
