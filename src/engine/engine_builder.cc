@@ -1,5 +1,6 @@
 #include "engine/engine_builder.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/log.h"
@@ -63,8 +64,14 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       break;
     case SpecType::kDraft: {
       spec.draft_model = spec_.draft_model;
+      // The draft's pool holds as many positions as the target's (its sequences mirror the
+      // target's), not -np full contexts: a real draft model's KV is as large per position.
+      DraftModelOptions options;
+      const int64_t target_positions = int64_t{config.n_blocks - 1} * config.block_size;
+      const int64_t full = int64_t{config.max_seqs} * ((config.n_ctx + 15) / 16);
+      options.n_blocks = static_cast<int32_t>(std::min(full, target_positions / 16 + 1) + 1);
       auto drafter = MakeDraftModelDrafter(model_, *spec.draft_model, pool_, config.n_ctx,
-                                           config.max_seqs);
+                                           config.max_seqs, options);
       if (!drafter.ok()) return drafter.status();
       spec.drafter = std::move(*drafter);
       break;
