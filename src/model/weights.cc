@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/check.h"
 #include "kernels/repack.h"
 #include "model/check_tensors.h"
 #include "model/weights_digest.h"
@@ -154,6 +155,17 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
                   c.arch_name.c_str(), c.n_layer, load.n_used()));
   }
   return m;
+}
+
+const gguf::File& Model::file() const {
+  KVS_CHECK_MSG(file_ != nullptr, "a compressed view has no file: use its base model's");
+  return *file_;
+}
+
+size_t Model::owned_bytes() const {
+  size_t bytes = 0;
+  for (const PageMemory& m : owned_) bytes += m.size();
+  return bytes;
 }
 
 size_t Model::WeightBytesPerToken() const {

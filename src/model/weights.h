@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/digest.h"
+#include "core/page_memory.h"
 #include "core/status.h"
 #include "gguf/gguf_reader.h"
 #include "kernels/matmul.h"
@@ -45,8 +46,12 @@ struct ModelLoadOptions {
   bool check_tensors = false;
 };
 
+struct CompressedViewOptions;
+
 // A loaded model: the mapped file, its config and weight views. Loading refuses a file whose
 // tensors the model does not all use (say, block_count lowered below the layers present).
+// A compressed view (model/compressed_view.h) is a Model too, but without a file: its matrices
+// lie in memory it owns or in its base model's file.
 class Model {
  public:
   static Expected<std::unique_ptr<Model>> Load(const std::string& path,
@@ -57,7 +62,10 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
-  const gguf::File& file() const { return *file_; }
+  // The GGUF file (metadata, tokenizer). Only a model loaded from a file has one (has_file());
+  // a compressed view has none: take the tokenizer and metadata from its base.
+  bool has_file() const { return file_ != nullptr; }
+  const gguf::File& file() const;
   // Bytes of weights read for one decode step (every matrix once, one embedding row).
   size_t WeightBytesPerToken() const;
   // Digest of the whole file as it was read, before any repacking (weights_digest.h): two
@@ -65,9 +73,16 @@ class Model {
   // other's.
   const Digest128& weights_digest() const { return weights_digest_; }
   double weights_digest_seconds() const { return weights_digest_seconds_; }
+  // Bytes of weight buffers the model owns besides its file (a compressed view's matrices).
+  size_t owned_bytes() const;
 
  private:
-  std::unique_ptr<gguf::File> file_;
+  friend Expected<std::unique_ptr<Model>> MakeCompressedView(const Model& base,
+                                                             const CompressedViewOptions& options,
+                                                             ThreadPool& pool);
+
+  std::unique_ptr<gguf::File> file_;  // null in a compressed view
+  std::vector<PageMemory> owned_;     // buffers the weights point into besides file_
   ModelConfig config_;
   ModelWeights weights_;
   Digest128 weights_digest_;
