@@ -33,7 +33,7 @@ std::vector<std::vector<int32_t>> Prompts() {
   return prompts;
 }
 
-struct Setup {
+struct Scenario {
   int32_t max_seqs = 8;
   int32_t budget = 512;
   int32_t n_blocks = 160;
@@ -41,7 +41,7 @@ struct Setup {
   KvTypes types;
 };
 
-Outcome Serve(const Model& model, const SpecOptions& spec, const Setup& s, int32_t draft_min,
+Outcome Serve(const Model& model, const SpecOptions& spec, const Scenario& s, int32_t draft_min,
               int32_t max_tokens = 40) {
   ThreadPool pool(2);
   EngineConfig cfg;
@@ -102,19 +102,19 @@ class SpecModelTest : public ::testing::Test {
 
   // Every scenario of one target and drafter against the same scenario without speculation.
   void CheckAllScenarios(const Model& target, const SpecOptions& spec) {
-    Setup batched;
-    Setup alone;
+    Scenario batched;
+    Scenario alone;
     alone.max_seqs = 1;
-    Setup chunked;
+    Scenario chunked;
     chunked.budget = 7;
-    Setup preempting;
+    Scenario preempting;
     preempting.n_blocks = 12;  // 11 blocks of 16 for 8 sequences of up to 72 positions
-    Setup cached;
+    Scenario cached;
     cached.rounds = 2;
-    Setup quantized;
+    Scenario quantized;
     quantized.types = {KvType::kQ8_0, KvType::kQ4_0};
     if (target.config().head_dim_k < 32) quantized.types = {KvType::kInt8, KvType::kInt8};
-    const std::pair<const char*, Setup> scenarios[] = {
+    const std::pair<const char*, Scenario> scenarios[] = {
         {"batched", batched},       {"alone", alone},   {"chunked prefill", chunked},
         {"preemption", preempting}, {"prefix cache", cached}, {"quantized KV", quantized}};
     SpecOptions none;

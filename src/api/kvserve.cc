@@ -12,6 +12,7 @@
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
+#include "model/compressed_view.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvserve {

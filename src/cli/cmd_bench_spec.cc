@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "core/status.h"
 
 namespace kvs::cli {
 namespace {
