@@ -58,8 +58,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "output stays the model's own")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "draft", "ngram", "self"}));
-  cmd->add_option("-md,--model-draft", f->draft_model_path,
-                  "Draft model for --spec-type draft: a GGUF with the same vocabulary");
+  cmd->add_option("--model-draft", f->draft_model_path,
+                  "Draft model for --spec-type draft: a GGUF with the same vocabulary; also -md");
   cmd->add_option("--draft-max,--draft,--draft-n", o.draft_max,
                   "Most tokens drafted per sequence and step (adaptive below it)")
       ->capture_default_str()

@@ -86,7 +86,7 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       self.window = spec_.draft_window;
       auto drafter = std::make_unique<SelfDrafter>(model_, *spec.view, pool_,
                                                    runner.mutable_storage(), self);
-      KVS_LOG_INFO("[info] spec: self-drafting over %.*s weights (%.0f%% of the target's bytes), "
+      KVS_LOG_INFO("spec: self-drafting over %.*s weights (%.0f%% of the target's bytes), "
                    "window %d + %d sink positions",
                    static_cast<int>(DTypeName(spec_.draft_weights).size()),
                    DTypeName(spec_.draft_weights).data(), 100.0 * drafter->relative_cost(), self.window,

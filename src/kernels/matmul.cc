@@ -57,11 +57,13 @@ void QuantizeTokens(int64_t n_tokens, ThreadPool& pool, const Fn& quantize) {
 
 // Runs kernel(r0, r1, t0, t1) over all rows and tokens, rows split over the pool.
 template <class Kernel>
-void ForRowBlocks(const MatrixView& w, int64_t n_tokens, ThreadPool& pool, const Kernel& kernel) {
-  // One token reads each weight once whatever the order: no blocking, which would only cut the
-  // kernels' multi-row tiles short at every block edge.
+void ForRowBlocks(const MatrixView& w, int64_t n_tokens, ThreadPool& pool, const Kernel& kernel,
+                  int64_t one_pass_tokens = 1) {
+  // Tokens that the kernel's tile takes in one pass (one token; a speculative verification's
+  // few for the float kernels) read each weight once whatever the order: no blocking, which
+  // would only cut the kernels' multi-row tiles short at every block edge.
   const int64_t block_rows =
-      n_tokens == 1
+      n_tokens <= one_pass_tokens
           ? w.rows
           : std::max<int64_t>(kBlockRowMultiple,
                               static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
@@ -91,9 +93,12 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
   KVS_CHECK(w.row_bytes >= RowBytes(w.type, static_cast<size_t>(w.cols)));
   if (w.layout == WeightLayout::kInterleaved16 &&
       (w.type == DType::kF32 || w.type == DType::kF16 || w.type == DType::kBF16)) {
-    ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-      matmul_internal::MatMulRowsInterleavedFloat(w, r0, r1, x, t0, t1, out, w.rows);
-    });
+    ForRowBlocks(
+        w, n_tokens, pool,
+        [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+          matmul_internal::MatMulRowsInterleavedFloat(w, r0, r1, x, t0, t1, out, w.rows);
+        },
+        matmul_internal::kFloatFewTokens);
     return;
   }
   if (w.layout == WeightLayout::kInterleaved16 &&

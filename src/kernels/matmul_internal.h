@@ -11,6 +11,10 @@
 
 namespace kvs::matmul_internal {
 
+// Tokens the interleaved float kernel takes in one pass over the weights, as a decode: a
+// speculative verification's last token and drafts (matmul_float_interleaved.cc).
+inline constexpr int64_t kFloatFewTokens = 6;
+
 // Activations quantized to Q8_0 for the integer kernels, laid out for 512-bit registers: one
 // ActPair holds two consecutive 32-value blocks with each block's scale and bias repeated over
 // the eight int32 lanes that a dpbusd over the pair produces for that block. Expanding these once
