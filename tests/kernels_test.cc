@@ -609,7 +609,8 @@ TEST(Interleave, ReadRowGivesBackEveryRow) {
 TEST(Interleave, MatMulMatchesReference) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
   // Group counts that leave every remainder of the decode (4) and prefill (2) group tiles, and
-  // token counts that leave every remainder of the 4-token tile.
+  // token counts that leave every remainder of the 4-token tile, and every count of the float
+  // kernel's few-token (verification) tile.
   // Columns of one 256-column accumulation chunk of the float kernel, of several, and of a
   // partial last one (K-quants round them up to whole super-blocks).
   const std::vector<Shape> shapes = {{16, 32},   {32, 64},   {48, 96},     {64, 160},
@@ -617,7 +618,7 @@ TEST(Interleave, MatMulMatchesReference) {
   for (DType t : kInterleavedTypes) {
     std::vector<Shape> type_shapes;
     for (Shape s : shapes) type_shapes.push_back({s.rows, ColsFor(t, s.cols)});
-    CheckShapes(t, type_shapes, {1, 2, 3, 5, 8, 9, 17}, true);
+    CheckShapes(t, type_shapes, {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}, true);
   }
 }
 
