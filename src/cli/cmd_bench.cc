@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_spec.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "core/page_memory.h"
@@ -31,6 +32,7 @@ struct SpeedArgs {
   std::string kv_calibration;
   bool json = false;
   kvserve::ModelOptions model_options;
+  EngineFlags spec;  // --spec-type and the draft flags (the rest of it unused)
 };
 
 struct MeanStd {
@@ -55,6 +57,22 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 }
 
 int RunSpeed(const SpeedArgs& a) {
+  if (a.spec.options.spec_type != "none") {
+    // The decode test with speculation: through the engine, against the engine without it.
+    SpecBenchArgs s;
+    s.model = a.model;
+    s.model_options = a.model_options;
+    s.engine = a.spec;
+    s.engine.options.threads = a.threads;
+    s.engine.options.cache_type_k = a.cache_type_k;
+    s.engine.options.cache_type_v = a.cache_type_v;
+    s.engine.options.kv_calibration_file = a.kv_calibration;
+    s.n_gen = a.n_gen;
+    s.depth = a.depth;
+    s.reps = a.reps;
+    s.json = a.json;
+    return RunSpecBench(std::move(s));
+  }
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
   auto model = Model::Load(path, {.check_tensors = a.model_options.check_tensors});
@@ -259,7 +277,10 @@ Runner AddBenchCommand(CLI::App& root) {
                           "Benchmarks (speed, bandwidth, memory, throughput, serve, spec)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
-  CLI::App* speed = bench->add_subcommand("speed", "Prefill and decode tokens/s, like llama-bench");
+  CLI::App* speed = bench->add_subcommand(
+      "speed",
+      "Prefill and decode tokens/s, like llama-bench (with --spec-type: the decode test with "
+      "speculation against the same engine without it, as bench spec)");
   speed->add_option("-m,--model", a->model, "GGUF model file");
   AddModelFlags(speed, &a->model_options);
   speed->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens for the prefill test (0: skip)")
@@ -285,6 +306,8 @@ Runner AddBenchCommand(CLI::App& root) {
       ->capture_default_str();
   speed->add_option("--kv-calibration", a->kv_calibration, kKvCalibrationHelp);
   speed->add_flag("--json", a->json, "Print one JSON object");
+  a->spec.options.spec_type = "none";
+  AddSpecFlags(speed, &a->spec);
   struct BandwidthArgs {
     int32_t threads = ThreadPool::DefaultThreadCount();
     int32_t size_mib = 1024;

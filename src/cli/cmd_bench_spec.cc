@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_spec.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "core/status.h"
@@ -23,17 +24,6 @@ constexpr const char* kDefaultPrompt =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun "
     "with her dog, Max. One day, Lily and Max went to the park. They saw a big tree with red "
     "apples. Lily wanted to get an apple, but the tree was too tall. Max barked at the tree.";
-
-struct SpecArgs {
-  std::string model;
-  kvserve::ModelOptions model_options;
-  EngineFlags engine;
-  int32_t n_gen = 128;
-  int32_t depth = 0;
-  int32_t reps = 1;
-  std::string prompt_file;
-  bool json = false;
-};
 
 struct Run {
   double tg_tps = 0;
@@ -88,7 +78,9 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-int RunSpecBench(SpecArgs a) {
+}  // namespace
+
+int RunSpecBench(SpecBenchArgs a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
   if (!ResolveKvMemory(&a.engine) || !ResolveSpecFlags(&a.engine)) return 1;
@@ -193,10 +185,8 @@ int RunSpecBench(SpecArgs a) {
   return 0;
 }
 
-}  // namespace
-
 Runner AddSpecBenchCommand(CLI::App* bench) {
-  auto a = std::make_shared<SpecArgs>();
+  auto a = std::make_shared<SpecBenchArgs>();
   CLI::App* cmd = bench->add_subcommand(
       "spec", "Speculative decoding against plain decoding: acceptance and speedup, one sequence");
   cmd->add_option("-m,--model", a->model, "Target GGUF model file");

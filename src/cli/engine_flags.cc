@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "cli/bench_spec.h"
 #include "cli/commands.h"
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
@@ -52,6 +53,14 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   cmd->add_option("--kv-calibration", o.kv_calibration_file, kKvCalibrationHelp);
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
+  AddSpecFlags(cmd, f);
+  cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+}
+
+void AddSpecFlags(CLI::App* cmd, EngineFlags* f) {
+  kvserve::EngineOptions& o = f->options;
   cmd->add_option("--spec-type", o.spec_type,
                   "Speculative decoding: none, draft (a draft model, -md), ngram (prompt lookup), "
                   "self (the model's own re-quantized weights over a window of its KV); the "
@@ -78,9 +87,6 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "positions (0: the whole context)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
 }
 
 CLI::Validator RealRange(double lo, double hi, bool lo_open) {
