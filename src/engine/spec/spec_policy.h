@@ -19,9 +19,12 @@ namespace kvs {
 struct SpecConfig {
   int32_t draft_max = 4;  // --draft-max: most drafts per sequence and step
   int32_t draft_min = 0;  // --draft-min: adaptive k never goes below it (>= 1: never switches off)
-  // Positions per step from which a verification stops being memory-bound on this machine's
-  // weights: on 2 Zen 5 cores an F16 1B model's matmuls reach their compute peak at ~8 tokens.
-  int32_t compute_bound_tokens = 8;
+  // Positions per step up to which a step costs about what a decode does: the float matmul
+  // kernel takes up to 6 tokens in one pass over the weights (kFloatFewTokens); past that, on 2
+  // Zen 5 cores, each position costs its compute (F16 llama-1b at 4 sequences with one draft
+  // each: 27-31 t/s against 67-110 without, bench throughput). So 1 sequence drafts up to 5
+  // tokens, 2 up to 2 each, 3 one each, and 4 or more decoding sequences do not draft.
+  int32_t compute_bound_tokens = 6;
   double verify_cost_per_token = 0.06;  // v above, measured (bench spec, docs/BENCHMARKS.md)
   double min_gain = 1.05;               // expected speedup below which a sequence does not draft
 
