@@ -22,9 +22,10 @@ struct SpecConfig {
   // Positions per step up to which a step costs about what a decode does: the float matmul
   // kernel takes up to 6 tokens in one pass over the weights (kFloatFewTokens); past that, on 2
   // Zen 5 cores, each position costs its compute (F16 llama-1b at 4 sequences with one draft
-  // each: 27-31 t/s against 67-110 without, bench throughput). So 1 sequence drafts up to 5
-  // tokens, 2 up to 2 each, 3 one each, and 4 or more decoding sequences do not draft.
-  int32_t compute_bound_tokens = 6;
+  // each: 27-31 t/s against 67-110 without, bench throughput), and two sequences drafting two
+  // each did not pay either. So 1 sequence drafts up to 4 tokens, 2 one each, and 3 or more
+  // decoding sequences do not draft.
+  int32_t compute_bound_tokens = 5;
   double verify_cost_per_token = 0.06;  // v above, measured (bench spec, docs/BENCHMARKS.md)
   double min_gain = 1.05;               // expected speedup below which a sequence does not draft
 
