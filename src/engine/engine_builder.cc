@@ -61,6 +61,8 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       break;
     case SpecType::kNgram:
       spec.drafter = std::make_unique<NgramDrafter>(spec_.ngram);
+      KVS_LOG_INFO("spec: prompt lookup (n-gram %d..%d), up to %d drafts per step",
+                   spec_.ngram.n_max, spec_.ngram.n_min, config.spec.draft_max);
       break;
     case SpecType::kDraft: {
       spec.draft_model = spec_.draft_model;
@@ -73,6 +75,10 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       auto drafter = MakeDraftModelDrafter(model_, *spec.draft_model, pool_, config.n_ctx,
                                            config.max_seqs, options);
       if (!drafter.ok()) return drafter.status();
+      KVS_LOG_INFO("spec: a draft model (%s, %.0f%% of the target's bytes per token), %d blocks "
+                   "of KV of its own, up to %d drafts per step",
+                   spec.draft_model->config().arch_name.c_str(),
+                   100.0 * (*drafter)->relative_cost(), options.n_blocks, config.spec.draft_max);
       spec.drafter = std::move(*drafter);
       break;
     }
