@@ -210,6 +210,18 @@ if [ -f "$H" ]; then
   expect_error "-md with --spec-type ngram" "only used with --spec-type draft" "$BIN" generate -m "$H" -n 4 -md "$S" --spec-type ngram
   expect_error "--draft-min > --draft-max" "is more than --draft-max" "$BIN" generate -m "$H" -n 4 --spec-type self --draft-min 5 --draft-max 3
   expect_error "bench spec without --spec-type" "needs --spec-type" "$BIN" bench spec -m "$H" -n 4
+  # A flag only some --spec-type use is an error with another, never silently ignored.
+  expect_error "--draft-window without self" "--draft-window is only used with --spec-type self" \
+    "$BIN" generate -m "$H" -n 4 --spec-type ngram --draft-window 5
+  expect_error "--draft-weights with -md" "--draft-weights is only used with --spec-type self (here: draft)" \
+    "$BIN" generate -m "$H" -n 4 -md "$S" --draft-weights f16
+  expect_error "--draft-max without speculation" "--draft-max is only used with speculative decoding" \
+    "$BIN" generate -m "$H" -n 4 --draft 8
+  expect_error "bench speed --draft-window without self" "--draft-window is only used" \
+    "$BIN" bench speed -m "$H" -n 4 -p 8 -r 1 --draft-window 5
+  "$BIN" bench speed -m "$H" -n 8 -r 1 -t 2 -md "$S" --json 2>/dev/null | grep -q '"spec_type": "draft"' &&
+    pass "bench speed -md alone: the decode test with the draft model" ||
+    fail "bench speed -md alone ignored the draft model"
   # bench spec -d past an explicit -c: an error, not a context silently raised past it.
   expect_error "bench spec -d past -c" "-c 256 is too small for 300 prompt tokens" \
     "$BIN" bench spec -m "$H" --spec-type ngram -d 300 -c 256 -n 16 -t 2
