@@ -196,6 +196,59 @@ ref=$("$BIN" generate -m "$S" -p "Once upon a time" -n 24 --temp 0 -ctk f32 -ctv
 if [ -n "$out" ] && [ "$out" = "$ref" ]; then pass "generate -ctk q8_0 -ctv q8_0 keeps the greedy story";
 else fail "q8_0 KV changed the greedy story: '$out' vs '$ref'"; fi
 
+# Speculative decoding (hostile input). stories260K drafts for stories-hd64-3M (same vocab).
+H="$MODELS/stories-hd64-3M.gguf"
+if [ -f "$H" ]; then
+  # A FIFO as -md or -m is refused at once, never a blocked open waiting for a writer.
+  expect_error "-md FIFO" "is a FIFO (pipe), not a regular file" timeout 20 "$BIN" generate -m "$H" -n 4 -md "$TMP/fifo"
+  expect_error "-m FIFO" "is a FIFO (pipe), not a regular file" timeout 20 "$BIN" generate -m "$TMP/fifo" -n 4
+  expect_error "-md DIRECTORY" "is a directory, not a regular file" "$BIN" generate -m "$H" -n 4 -md "$TMP/dir"
+  expect_error "-md /dev/null" "is a character device" "$BIN" generate -m "$H" -n 4 -md /dev/null
+  expect_error "-md truncated" "truncated file" "$BIN" generate -m "$H" -n 4 -md "$TMP/truncated.gguf"
+  expect_error "-md another vocabulary" "exactly the target's vocabulary" \
+    "$BIN" generate -m "$H" -n 4 -md "$MODELS/random-weights/llama-2-tiny-random.gguf"
+  expect_error "-md with --spec-type ngram" "only used with --spec-type draft" "$BIN" generate -m "$H" -n 4 -md "$S" --spec-type ngram
+  expect_error "--draft-min > --draft-max" "is more than --draft-max" "$BIN" generate -m "$H" -n 4 --spec-type self --draft-min 5 --draft-max 3
+  expect_error "bench spec without --spec-type" "needs --spec-type" "$BIN" bench spec -m "$H" -n 4
+  # A flag only some --spec-type use is an error with another, never silently ignored.
+  expect_error "--draft-window without self" "--draft-window is only used with --spec-type self" \
+    "$BIN" generate -m "$H" -n 4 --spec-type ngram --draft-window 5
+  expect_error "--draft-weights with -md" "--draft-weights is only used with --spec-type self (here: draft)" \
+    "$BIN" generate -m "$H" -n 4 -md "$S" --draft-weights f16
+  expect_error "--draft-max without speculation" "--draft-max is only used with speculative decoding" \
+    "$BIN" generate -m "$H" -n 4 --draft 8
+  expect_error "bench speed --draft-window without self" "--draft-window is only used" \
+    "$BIN" bench speed -m "$H" -n 4 -p 8 -r 1 --draft-window 5
+  "$BIN" bench speed -m "$H" -n 8 -r 1 -t 2 -md "$S" --json 2>/dev/null | grep -q '"spec_type": "draft"' &&
+    pass "bench speed -md alone: the decode test with the draft model" ||
+    fail "bench speed -md alone ignored the draft model"
+  # bench spec -d past an explicit -c: an error, not a context silently raised past it.
+  expect_error "bench spec -d past -c" "-c 256 is too small for 300 prompt tokens" \
+    "$BIN" bench spec -m "$H" --spec-type ngram -d 300 -c 256 -n 16 -t 2
+  expect_error "bench spec -d past -c 0" "-c 0 (the training context, 256) is too small" \
+    "$BIN" bench spec -m "$H" --spec-type ngram -d 250 -c 0 -n 16 -t 2
+  expect_error "bench speed --spec-type -n 0" "needs -n 2 or more" "$BIN" bench speed -m "$H" --spec-type ngram -n 0 -r 1
+  # A context the run fills exactly, and an n-gram drafter that finds few drafts: no engine
+  # step fails (unused lookahead once leaked KV until the sequence preempted itself), stdout
+  # is one JSON object.
+  "$BIN" bench spec -m "$H" --spec-type ngram -d 200 -c 216 -n 16 -t 2 --json >"$TMP/spec.json" 2>"$TMP/spec.err"
+  rc=$?
+  if [ $rc -eq 0 ] && ! grep -q "error" "$TMP/spec.err" && python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["n_prompt"] == 200 and j["greedy_output_identical"] is True
+' "$TMP/spec.json"; then pass "bench spec -d 200 -c 216: no failed step, JSON only"
+  else fail "bench spec -d 200 -c 216: rc $rc: $(grep error "$TMP/spec.err" | head -2)"; fi
+  # Greedy output is the model's own with every drafter, -n -1 to the end of a small context.
+  ref=$("$BIN" generate -m "$H" -p "Once upon" -n -1 -c 200 --temp 0 -t 2 2>/dev/null)
+  for st in "--spec-type ngram" "--spec-type self" "-md $S --draft-max 32"; do
+    # shellcheck disable=SC2086
+    out=$("$BIN" generate -m "$H" -p "Once upon" -n -1 -c 200 --temp 0 -t 2 $st 2>/dev/null)
+    [ -n "$ref" ] && [ "$out" = "$ref" ] && pass "generate -n -1 $st: the greedy story" ||
+      fail "generate -n -1 $st changed the greedy story"
+  done
+fi
+
 # perplexity --json on the golden text
 sed -n '/^text:/,$p' "$MODELS/stories260K.greedy256.expected.txt" | tail -n +2 >"$TMP/text.txt"
 out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --json -t 2 2>/dev/null)

@@ -80,7 +80,7 @@ class FakeDrafter final : public Drafter {
       EXPECT_GE(kv.Table(seq.id).num_tokens, seq.n_committed() + requests[i].max_drafts);
       std::vector<int32_t> t(seq.tokens.begin(), seq.tokens.begin() + seq.n_committed());
       drafts[i].tokens.clear();
-      for (int32_t j = 0; j < requests[i].max_drafts; ++j) {
+      for (int32_t j = 0; j < std::min(requests[i].max_drafts, limit); ++j) {
         int32_t next = NextToken(t, t.size());
         if (std::uniform_real_distribution<double>(0, 1)(rng_) < error_) next = next % 60 + 2;
         t.push_back(next);
@@ -91,6 +91,7 @@ class FakeDrafter final : public Drafter {
     return Status::Ok();
   }
   void Release(SeqId) override { ++released; }
+  int32_t limit = 1 << 30;  // most drafts proposed per request (an n-gram finds fewer, or none)
   int64_t proposed = 0;
   int64_t released = 0;
 
@@ -205,6 +206,32 @@ TEST(SpecEngine, LookaheadBlocksPastTheTableReturnToThePool) {
   EXPECT_EQ(e.kv().Table(SeqId{1}).blocks,
             (std::vector<BlockId>{BlockId{1}, BlockId{2}, BlockId{3}}));
   EXPECT_EQ(e.kv().num_free_blocks(), 28);
+}
+
+// A drafter that proposes fewer drafts than the lookahead it was given (an n-gram lookup
+// that finds nothing): the block table shrinks with the run. It used to keep the unused
+// lookahead positions for good, 4 a step, until the sequence's table outgrew the pool, it
+// preempted itself and the step ran an empty forward pass ("forward pass needs at least one
+// token"): bench spec --spec-type ngram -d 200 -c 216 -n 16.
+TEST(SpecEngine, LookaheadTheDrafterLeavesUnusedIsNotKept) {
+  for (int32_t limit : {0, 1}) {
+    FakeRunner runner;
+    FakeDrafter drafter(0.0);
+    drafter.limit = limit;
+    Engine e(Config(8, 4, 4, 64), runner, &drafter);  // 7 usable blocks: 28 positions
+    Collected c;
+    Submit(e, Prompt(8, 1), Greedy(20), &c);
+    ASSERT_TRUE(e.Step().ok());  // the prompt, and the first token
+    ASSERT_TRUE(e.Step().ok());  // lookahead 4, drafts `limit`
+    EXPECT_EQ(runner.steps[1], (std::vector<RunRecord>{{1, 8, 1 + limit, 1 + limit}}));
+    EXPECT_EQ(e.kv().Table(SeqId{1}).num_tokens, 9 + limit);
+    EXPECT_EQ(e.kv().Table(SeqId{1}).blocks.size(), 3u);
+    RunToEnd(e);
+    EXPECT_EQ(c.tokens[0], Expected(Prompt(8, 1), 20)) << "limit " << limit;
+    EXPECT_EQ(c.finish[0], FinishReason::kLength);
+    for (const auto& step : runner.steps) EXPECT_FALSE(step.empty()) << "limit " << limit;
+    EXPECT_EQ(e.kv().num_free_blocks(), 7);
+  }
 }
 
 // Greedy output token for token as without speculation, across batching, chunked prefill,

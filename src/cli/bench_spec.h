@@ -15,6 +15,8 @@ struct SpecBenchArgs {
   int32_t n_gen = 128;
   int32_t depth = 0;
   int32_t reps = 1;
+  // -c was given: a context too small for -d and -n is an error, not silently raised.
+  bool ctx_given = false;
   std::string prompt_file;
   bool json = false;
 };

@@ -57,8 +57,27 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 }
 
 int RunSpeed(const SpeedArgs& a) {
+  if (a.spec.options.spec_type == "none") {
+    if (!a.spec.draft_model_path.empty()) {
+      // -md alone means --spec-type draft, as everywhere else (it was silently ignored).
+      SpeedArgs with_draft = a;
+      with_draft.spec.options.spec_type = "draft";
+      return RunSpeed(with_draft);
+    }
+    // Draft flags without --spec-type are an error, not ignored (nothing to load here).
+    EngineFlags flags = a.spec;
+    if (!ResolveSpecFlags(&flags)) return 1;
+  }
   if (a.spec.options.spec_type != "none") {
     // The decode test with speculation: through the engine, against the engine without it.
+    // It times tokens after the first: one generated token has no speed to compare.
+    if (a.n_gen < 2) {
+      std::fprintf(stderr,
+                   "error: bench speed --spec-type runs the decode test only: it needs -n 2 or "
+                   "more (-n %d)\n",
+                   a.n_gen);
+      return 1;
+    }
     SpecBenchArgs s;
     s.model = a.model;
     s.model_options = a.model_options;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -111,7 +112,19 @@ int RunSpecBench(SpecBenchArgs a) {
     prompt.resize(a.depth);
   }
   eo.n_parallel = 1;
-  if (eo.n_ctx == 0 || eo.n_ctx < static_cast<int32_t>(prompt.size()) + a.n_gen + 1) {
+  const std::string ctx_flag =
+      eo.n_ctx == 0 ? "-c 0 (the training context, " + std::to_string(model->n_ctx_train()) + ")"
+                    : "-c " + std::to_string(eo.n_ctx);
+  if (a.ctx_given && eo.n_ctx == 0) eo.n_ctx = model->n_ctx_train();
+  const int64_t needed = static_cast<int64_t>(prompt.size()) + a.n_gen;
+  if (a.ctx_given && eo.n_ctx < needed) {
+    std::fprintf(stderr,
+                 "error: %s is too small for %zu prompt tokens (-d) and %d generated (-n): "
+                 "it needs at least %lld; raise -c, or lower -d or -n\n",
+                 ctx_flag.c_str(), prompt.size(), a.n_gen, static_cast<long long>(needed));
+    return 1;
+  }
+  if (!a.ctx_given && (eo.n_ctx == 0 || eo.n_ctx < needed + 1)) {
     eo.n_ctx = static_cast<int32_t>(prompt.size()) + a.n_gen + 64;
   }
   auto engine = kvserve::Engine::Start(model, eo, &error);
@@ -207,6 +220,7 @@ Runner AddSpecBenchCommand(CLI::App* bench) {
   cmd->add_flag("--json", a->json, "Print one JSON object (and nothing else) on stdout");
   return [a, cmd]() -> int {
     if (!cmd->parsed()) return -1;
+    a->ctx_given = cmd->count("--ctx-size") > 0;
     return RunSpecBench(*a);
   };
 }

@@ -69,20 +69,20 @@ void AddSpecFlags(CLI::App* cmd, EngineFlags* f) {
       ->check(CLI::IsMember({"none", "draft", "ngram", "self"}));
   cmd->add_option("--model-draft", f->draft_model_path,
                   "Draft model for --spec-type draft: a GGUF with the same vocabulary; also -md");
-  cmd->add_option("--draft-max,--draft,--draft-n", o.draft_max,
+  f->draft_max_flag = cmd->add_option("--draft-max,--draft,--draft-n", o.draft_max,
                   "Most tokens drafted per sequence and step (adaptive below it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 32));
-  cmd->add_option("--draft-min", o.draft_min,
+  f->draft_min_flag = cmd->add_option("--draft-min", o.draft_min,
                   "Fewest tokens drafted per step: adaptive k never goes below it (>= 1: "
                   "speculation never switches itself off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 32));
-  cmd->add_option("--draft-weights", o.draft_weights,
+  f->draft_weights_flag = cmd->add_option("--draft-weights", o.draft_weights,
                   "--spec-type self: the type the model's matrices are re-quantized to for "
                   "drafting: q8_0, q4_0, f16 (default: q8_0 for f32/f16/bf16 models, q4_0 for "
                   "others where smaller)");
-  cmd->add_option("--draft-window", o.draft_window,
+  f->draft_window_flag = cmd->add_option("--draft-window", o.draft_window,
                   "--spec-type self: recent positions the draft attends to, besides 16 sink "
                   "positions (0: the whole context)")
       ->capture_default_str()
@@ -153,8 +153,26 @@ bool ResolveSpecFlags(EngineFlags* f) {
                  "with the same vocabulary)\n");
     return false;
   }
+  // -md alone means a draft model, as llama.cpp
+  if (!f->draft_model_path.empty() && o.spec_type == "none") o.spec_type = "draft";
+  const auto given = [](const CLI::Option* flag) { return flag && flag->count() > 0; };
+  for (const CLI::Option* flag : {f->draft_max_flag, f->draft_min_flag}) {
+    if (given(flag) && o.spec_type == "none") {
+      std::fprintf(stderr,
+                   "error: %s is only used with speculative decoding: --spec-type draft (-md), "
+                   "ngram or self\n",
+                   flag->get_name().c_str());
+      return false;
+    }
+  }
+  for (const CLI::Option* flag : {f->draft_weights_flag, f->draft_window_flag}) {
+    if (given(flag) && o.spec_type != "self") {
+      std::fprintf(stderr, "error: %s is only used with --spec-type self (here: %s)\n",
+                   flag->get_name().c_str(), o.spec_type.c_str());
+      return false;
+    }
+  }
   if (f->draft_model_path.empty()) return true;
-  if (o.spec_type == "none") o.spec_type = "draft";  // -md alone means a draft model, as llama.cpp
   if (o.spec_type != "draft") {
     std::fprintf(stderr, "error: -md/--model-draft is only used with --spec-type draft\n");
     return false;

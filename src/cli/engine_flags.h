@@ -15,6 +15,12 @@ struct EngineFlags {
   kvserve::EngineOptions options;
   std::string kv_memory;  // BYTES (K/M/G suffixes, KiB/MiB/GiB too) or N% of available RAM
   std::string draft_model_path;  // -md/--model-draft
+  // The speculation flags that only some --spec-type use: given with another, they are an
+  // error rather than silently ignored (AddSpecFlags sets them, ResolveSpecFlags reads them).
+  CLI::Option* draft_max_flag = nullptr;
+  CLI::Option* draft_min_flag = nullptr;
+  CLI::Option* draft_weights_flag = nullptr;
+  CLI::Option* draft_window_flag = nullptr;
 };
 
 // Registers the flags on cmd; default_parallel is -np's default for this command.

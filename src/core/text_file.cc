@@ -8,9 +8,7 @@
 #include <cstring>
 
 namespace kvs {
-namespace {
 
-// What a path that is not a regular file is, for the error message.
 const char* FileKind(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISCHR(mode)) return "a character device";
@@ -19,6 +17,8 @@ const char* FileKind(mode_t mode) {
   if (S_ISSOCK(mode)) return "a socket";
   return "not a regular file";
 }
+
+namespace {
 
 std::string Size(int64_t bytes) {
   if (bytes >= (int64_t{1} << 20)) return StrFormat("%.1f MiB", bytes / double(1 << 20));

@@ -2,6 +2,8 @@
 // -f may name a device, a FIFO or a directory, or a file far larger than any prompt.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -13,5 +15,8 @@ namespace kvs {
 // message naming the path: a directory, a device (/dev/zero would never end), a FIFO or socket
 // (reading one waits for a writer), a file over max_bytes, or one that cannot be opened or read.
 Expected<std::string> ReadTextFile(const std::string& path, int64_t max_bytes);
+
+// What a st_mode that is not a regular file is, for messages: "a directory", "a FIFO (pipe)"...
+const char* FileKind(mode_t mode);
 
 }  // namespace kvs

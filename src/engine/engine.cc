@@ -257,7 +257,11 @@ Status Engine::Step(EngineStepStats* stats) {
   int32_t n_rows = 0;
   for (const ScheduledRun& r : runs_) n_rows += r.n_logits;
   logits_.resize(static_cast<size_t>(n_rows) * runner_.n_vocab());
-  const Status status = runner_.Execute(StepInput{runs_, copies_, &kv_}, logits_.data());
+  // A plan of preemptions alone (a sequence that gave its own blocks back) computes nothing:
+  // no empty forward pass, which is an error.
+  const Status status = runs_.empty()
+                            ? Status::Ok()
+                            : runner_.Execute(StepInput{runs_, copies_, &kv_}, logits_.data());
   if (!status.ok()) {
     // Each sequence is in a plan once, so every r.seq is still alive here.
     for (const ScheduledRun& r : runs_) Finish(r.seq, FinishReason::kError, -1, status.message());

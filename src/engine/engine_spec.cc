@@ -106,11 +106,15 @@ void Engine::ProposeDrafts() {
       seq->tokens[base + m] = d.tokens[m];
       ++m;
     }
-    // The positions of drafts not proposed are not computed: the run shrinks to the others.
+    // The positions of drafts not proposed are not computed: the run shrinks to the others,
+    // and so does the block table, which the plan grew by the whole run. Without drafts no
+    // verification rolls it back: the positions would stay allocated for good, until the
+    // sequence's table outgrew the pool and it preempted itself.
     seq->tokens.resize(base + m);
     seq->n_in_flight = m;
     run.n_tokens -= k - m;
     run.n_logits -= k - m;
+    if (m < k) KVS_CHECK(kv_.Truncate(seq->id, seq->n_computed + run.n_tokens).ok());
     if (m == 0) continue;
     if (!d.probs.empty()) {
       d.probs.resize(m);

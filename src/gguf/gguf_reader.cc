@@ -10,6 +10,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "core/text_file.h"
+
 namespace kvs::gguf {
 namespace {
 
@@ -266,13 +268,16 @@ File::~File() {
 }
 
 Expected<std::unique_ptr<File>> File::Open(const std::string& path, LoadMode mode) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: opening a FIFO (a -m or -md naming one) would otherwise wait for a writer
+  // forever before fstat could refuse it. Reads of a regular file ignore the flag.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return Status::Error(StrFormat("cannot open '%s': %s", path.c_str(), std::strerror(errno)));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const char* kind = fstat(fd, &st) == 0 ? FileKind(st.st_mode) : "not a regular file";
     ::close(fd);
-    return Status::Error(StrFormat("'%s' is not a regular file", path.c_str()));
+    return Status::Error(StrFormat("'%s' is %s, not a regular file", path.c_str(), kind));
   }
   std::unique_ptr<File> file(new File());
   file->path_ = path;
