@@ -5,6 +5,9 @@
 # median of the per-round B/A ratios. (bench/throughput_compare.sh puts llama.cpp beside one
 # build.)
 #   usage: bench/throughput_ab.sh [-R ROUNDS] A_BIN B_BIN MODEL.gguf [NPL_LIST=1,4,16,64] [PROMPT=128] [GEN=128]
+#   env:   A_FLAGS, B_FLAGS: more flags for A's or B's runs (one build against itself with and
+#          without a feature: B_FLAGS="--spec-type self" bench/throughput_ab.sh build/kvserve
+#          build/kvserve MODEL)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=2
@@ -18,10 +21,11 @@ for ((i = 0; i < ROUNDS; i++)); do
   for n in ${NPL//,/ }; do
     if ((i % 2 == 0)); then order="A B"; else order="B A"; fi
     for w in $order; do
-      bin=$A; [ "$w" = B ] && bin=$B
+      bin=$A flags=${A_FLAGS:-}
+      [ "$w" = B ] && bin=$B flags=${B_FLAGS:-}
       echo "round $i: $w, $n sequences" >&2
       r=$("$bin" bench throughput -m "$MODEL" --requests "$n" --concurrency "$n" \
-        --prompt-tokens "$PROMPT" --gen-tokens "$GEN" -t 2 --json 2>/dev/null)
+        --prompt-tokens "$PROMPT" --gen-tokens "$GEN" -t 2 --json $flags 2>/dev/null)
       echo "{\"n\": $n, \"round\": $i, \"which\": \"$w\", \"r\": $r}" >>"$TMP/runs.jsonl"
     done
   done

@@ -338,6 +338,22 @@ TEST(DraftWeights, ParseAcceptsTheThreeTypes) {
   }
 }
 
+TEST(DraftWeights, ParseTakesPerGroupTypes) {
+  auto o = ParseDraftWeights("q8_0,ffn=q4_0");
+  ASSERT_TRUE(o.ok()) << o.error();
+  EXPECT_EQ(o->type, DType::kQ8_0);
+  EXPECT_EQ(o->ffn_gate_up_type, DType::kQ4_0);
+  EXPECT_FALSE(o->output_type.has_value());
+  EXPECT_EQ(DescribeCompressedView(*o), "q8_0,ffn=q4_0");
+  o = ParseDraftWeights("q4_0,output=q8_0,ffn=f16");
+  ASSERT_TRUE(o.ok()) << o.error();
+  EXPECT_EQ(o->output_type, DType::kQ8_0);
+  EXPECT_EQ(o->ffn_gate_up_type, DType::kF16);
+  for (const char* bad : {"q8_0,", "q8_0,attn=q4_0", "q8_0,ffn", "q8_0,ffn=q5_k", ",ffn=q4_0"}) {
+    EXPECT_FALSE(ParseDraftWeights(bad).ok()) << bad;
+  }
+}
+
 TEST(DraftWeights, DefaultByTargetType) {
   for (auto [target, draft] : {std::pair{DType::kF32, DType::kQ8_0},
                                {DType::kF16, DType::kQ8_0},

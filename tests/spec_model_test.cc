@@ -152,8 +152,7 @@ TEST_F(SpecModelTest, SelfGreedyOutputIsUnchanged) {
       SpecOptions spec;
       spec.type = SpecType::kSelf;
       spec.draft_window = window;
-      spec.draft_weights_set = true;
-      spec.draft_weights = DType::kQ8_0;
+      spec.draft_weights = CompressedViewOptions{DType::kQ8_0, {}, {}};
       CheckAllScenarios(*target, spec);
     }
   }

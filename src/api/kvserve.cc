@@ -227,12 +227,11 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
           std::shared_ptr<const kvs::Model>(o.draft_model, o.draft_model->impl().model.get());
     }
     if (!o.draft_weights.empty()) {
-      auto dtype = kvs::ParseDraftWeightsType(o.draft_weights);
+      auto dtype = kvs::ParseDraftWeights(o.draft_weights);
       if (!dtype.ok()) {
         *error = dtype.error();
         return nullptr;
       }
-      spec.draft_weights_set = true;
       spec.draft_weights = *dtype;
     }
     spec.draft_window = o.draft_window;

@@ -80,8 +80,9 @@ void AddSpecFlags(CLI::App* cmd, EngineFlags* f) {
       ->check(CLI::Range(0, 32));
   f->draft_weights_flag = cmd->add_option("--draft-weights", o.draft_weights,
                   "--spec-type self: the type the model's matrices are re-quantized to for "
-                  "drafting: q8_0, q4_0, f16 (default: q8_0 for f32/f16/bf16 models, q4_0 for "
-                  "others where smaller)");
+                  "drafting: q8_0, q4_0, f16, optionally with ffn=TYPE (ffn_gate/ffn_up) and "
+                  "output=TYPE, e.g. q8_0,ffn=q4_0 (default: q8_0 for f32/f16/bf16 models, q4_0 "
+                  "for others where smaller)");
   f->draft_window_flag = cmd->add_option("--draft-window", o.draft_window,
                   "--spec-type self: recent positions the draft attends to, besides 16 sink "
                   "positions (0: the whole context)")

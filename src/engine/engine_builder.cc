@@ -43,8 +43,8 @@ Status EngineBuilder::Speculative(SpecOptions options) {
     }
     KVS_RETURN_IF_ERROR(CheckDraftPairing(model_, *options.draft_model));
   }
-  if (options.type == SpecType::kSelf && !options.draft_weights_set) {
-    options.draft_weights = DefaultDraftWeightsType(model_);
+  if (options.type == SpecType::kSelf && !options.draft_weights) {
+    options.draft_weights = CompressedViewOptions{DefaultDraftWeightsType(model_), {}, {}};
   }
   if (options.draft_window < 0) {
     return Status::Error(StrFormat("--draft-window %d: must be 0 (the whole context) or positive",
@@ -83,20 +83,22 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       break;
     }
     case SpecType::kSelf: {
-      CompressedViewOptions view_options;
-      view_options.type = spec_.draft_weights;
-      auto view = MakeCompressedView(model_, view_options, pool_);
+      auto view = MakeCompressedView(model_, *spec_.draft_weights, pool_);
       if (!view.ok()) return view.status();
       spec.view = std::move(*view);
       SelfDraftOptions self;
       self.window = spec_.draft_window;
       auto drafter = std::make_unique<SelfDrafter>(model_, *spec.view, pool_,
                                                    runner.mutable_storage(), self);
-      KVS_LOG_INFO("spec: self-drafting over %.*s weights (%.0f%% of the target's bytes), "
+      KVS_LOG_INFO("spec: self-drafting over %s weights (%.0f%% of the target's bytes), "
                    "window %d + %d sink positions",
-                   static_cast<int>(DTypeName(spec_.draft_weights).size()),
-                   DTypeName(spec_.draft_weights).data(), 100.0 * drafter->relative_cost(), self.window,
-                   SelfDraftOptions::kSinkTokens);
+                   DescribeCompressedView(*spec_.draft_weights).c_str(),
+                   100.0 * drafter->relative_cost(), self.window, SelfDraftOptions::kSinkTokens);
+      if (drafter->relative_cost() > 0.9) {
+        KVS_LOG_WARN("spec: the compressed view is hardly smaller than the model (its weights are "
+                     "already at or below --draft-weights): self-drafting cannot pay, and the "
+                     "adaptive policy will leave it off");
+      }
       spec.drafter = std::move(drafter);
       break;
     }

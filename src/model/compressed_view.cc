@@ -72,7 +72,8 @@ Expected<std::unique_ptr<Model>> MakeCompressedView(const Model& base,
                                                     ThreadPool& pool) {
   const DType type = options.type;
   const DType output_type = options.output_type.value_or(type);
-  for (DType t : {type, output_type}) {
+  const DType gate_up_type = options.ffn_gate_up_type.value_or(type);
+  for (DType t : {type, output_type, gate_up_type}) {
     if (!Quantizable(t)) {
       return Status::Error(
           StrFormat("a compressed view cannot hold %s matrices: use q8_0, q4_0, f16, bf16 or f32",
@@ -87,6 +88,7 @@ Expected<std::unique_ptr<Model>> MakeCompressedView(const Model& base,
                               .Add(base.weights_digest_)
                               .Int(static_cast<int64_t>(type))
                               .Int(static_cast<int64_t>(output_type))
+                              .Int(static_cast<int64_t>(gate_up_type))
                               .Finish();
 
   // The token embedding stays shared: decode reads one row of it per token, so its type hardly
@@ -104,7 +106,8 @@ Expected<std::unique_ptr<Model>> MakeCompressedView(const Model& base,
   };
   add(&w.output, output_type);
   for (LayerWeights& L : w.layers) {
-    for (MatrixView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) add(m, type);
+    for (MatrixView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_down}) add(m, type);
+    for (MatrixView* m : {&L.w_gate, &L.w_up}) add(m, gate_up_type);
   }
   if (total == 0) return view;  // nothing gets smaller: every matrix is base's
 
@@ -124,6 +127,46 @@ Expected<DType> ParseDraftWeightsType(std::string_view name) {
                   static_cast<int>(name.size()), name.data()));
   }
   return *t;
+}
+
+Expected<CompressedViewOptions> ParseDraftWeights(std::string_view text) {
+  const std::string_view all = text;
+  CompressedViewOptions o;
+  bool first = true;
+  while (true) {
+    const size_t comma = text.find(',');
+    const std::string_view part = text.substr(0, comma);
+    std::optional<DType>* slot = nullptr;
+    std::string_view value = part;
+    if (!first) {
+      const size_t eq = part.find('=');
+      const std::string_view key = part.substr(0, eq);
+      if (eq == std::string_view::npos || (key != "ffn" && key != "output")) {
+        return Status::Error(StrFormat(
+            "--draft-weights '%.*s': expected TYPE[,ffn=TYPE][,output=TYPE], e.g. q8_0,ffn=q4_0",
+            static_cast<int>(all.size()), all.data()));
+      }
+      slot = key == "ffn" ? &o.ffn_gate_up_type : &o.output_type;
+      value = part.substr(eq + 1);
+    }
+    KVS_ASSIGN_OR_RETURN(const DType t, ParseDraftWeightsType(value));
+    if (first) {
+      o.type = t;
+    } else {
+      *slot = t;
+    }
+    first = false;
+    if (comma == std::string_view::npos) break;
+    text = text.substr(comma + 1);
+  }
+  return o;
+}
+
+std::string DescribeCompressedView(const CompressedViewOptions& o) {
+  std::string s(DTypeName(o.type));
+  if (o.ffn_gate_up_type) s += ",ffn=" + std::string(DTypeName(*o.ffn_gate_up_type));
+  if (o.output_type) s += ",output=" + std::string(DTypeName(*o.output_type));
+  return s;
 }
 
 // Measured top-1 agreement with the target (ratio of positions where the draft's argmax is the

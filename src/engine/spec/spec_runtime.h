@@ -3,11 +3,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "core/status.h"
 #include "engine/spec/drafter.h"
 #include "engine/spec/ngram_drafter.h"
+#include "model/compressed_view.h"
 #include "model/weights.h"
 #include "tensor/dtype.h"
 
@@ -21,10 +23,9 @@ const char* SpecTypeName(SpecType type);
 struct SpecOptions {
   SpecType type = SpecType::kNone;
   std::shared_ptr<const Model> draft_model;  // draft: the second GGUF (-md)
-  // self: the type the view's matrices are re-quantized to (--draft-weights); none: the
-  // default for the target's type (DefaultDraftWeightsType).
-  bool draft_weights_set = false;
-  DType draft_weights = DType::kQ8_0;
+  // self: what the view's matrices are re-quantized to (--draft-weights); unset: the default
+  // for the target's type (DefaultDraftWeightsType for every matrix).
+  std::optional<CompressedViewOptions> draft_weights;
   int32_t draft_window = 512;  // self: --draft-window (0: the whole context)
   NgramOptions ngram;
 };
