@@ -319,14 +319,38 @@ TEST(SpecPolicy, ShrinksAndSwitchesOffWhenItDoesNotPay) {
   SpecConfig config;
   config.draft_max = 8;
   config.compute_bound_tokens = 64;
-  SpecPolicy cheap(config, 0.05), dear(config, 0.6);
+  const SpecPolicy policy(config);
+  struct Priced {
+    const SpecPolicy& p;
+    double cost;
+    int32_t Choose(const SpecState& s, int32_t cap) const { return p.Choose(s, cap, cost); }
+  };
+  const Priced cheap{policy, 0.05}, dear{policy, 0.6};
   SpecState high{0.95, 0}, low{0.3, 0};
   EXPECT_GE(cheap.Choose(high, 64), 6);
   EXPECT_EQ(dear.Choose(low, 64), 0);     // a 0.6-cost draft right 30% of the time loses
   EXPECT_EQ(cheap.Choose(high, 0), 0);    // no room: the step is compute-bound already
   EXPECT_LT(dear.Choose(high, 64), cheap.Choose(high, 64));
   config.draft_min = 2;
-  EXPECT_EQ(SpecPolicy(config, 0.6).Choose(low, 64), 2);  // never below --draft-min
+  EXPECT_EQ(SpecPolicy(config).Choose(low, 64, 0.6), 2);  // never below --draft-min
+  // At depth the draft's and the verification's KV reads count: a whole-context draft right
+  // 87% of the time pays at the start of a context and not at 16K (llama-1b F16: 53% of the
+  // bytes plus the KV, against a KV share of 20% per verified position).
+  config.draft_min = 0;
+  const SpecPolicy deep(config);
+  const SpecState s87{0.87, 0};
+  EXPECT_GT(deep.Choose(s87, 64, 0.53, 0.0), 0);
+  EXPECT_EQ(deep.Choose(s87, 64, 0.60, 0.20), 0);
+  // Switched off, it probes with one draft after probe_after idle steps, ever more rarely while
+  // the probes fail.
+  SpecState idle{0.1, 32};
+  EXPECT_EQ(dear.Choose(idle, 64), 1);
+  SpecPolicy::Record(&idle, 1, 0);
+  EXPECT_EQ(idle.probe_after, 64);
+  idle.idle_steps = 40;
+  EXPECT_EQ(dear.Choose(idle, 64), 0);
+  SpecPolicy::Record(&idle, 1, 1);
+  EXPECT_EQ(idle.probe_after, 32);
   SpecState s{0.8, 0};
   for (int i = 0; i < 20; ++i) SpecPolicy::Record(&s, 4, 0);
   EXPECT_LT(s.acceptance, 0.05);

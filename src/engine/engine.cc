@@ -53,7 +53,7 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter)
                                  config.reserve_full_context ? config.n_ctx : 0},
                  kv_),
       drafter_(drafter),
-      spec_policy_(config.spec, drafter ? drafter->relative_cost() : 1.0) {
+      spec_policy_(config.spec) {
   KVS_CHECK(config.Validate().ok());
   kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
 }

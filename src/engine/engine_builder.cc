@@ -75,6 +75,9 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       auto drafter = MakeDraftModelDrafter(model_, *spec.draft_model, pool_, config.n_ctx,
                                            config.max_seqs, options);
       if (!drafter.ok()) return drafter.status();
+      (*drafter)->SetTargetCost(static_cast<double>(model_.WeightBytesPerToken()),
+                                static_cast<double>(runner.storage().geometry().BytesPerBlock()) /
+                                    runner.storage().geometry().block_size);
       KVS_LOG_INFO("spec: a draft model (%s, %.0f%% of the target's bytes per token), %d blocks "
                    "of KV of its own, up to %d drafts per step",
                    spec.draft_model->config().arch_name.c_str(),

@@ -46,7 +46,10 @@ void Engine::AddLookahead() {
     // them must fit max_tokens and the context.
     int32_t remaining = config_.n_ctx - seq->n_committed();
     if (o.max_tokens > 0) remaining = std::min(remaining, o.max_tokens - seq->n_output());
-    int32_t k = std::min(spec_policy_.Choose(seq->spec, cap), remaining - 1);
+    const int32_t context = seq->n_committed();
+    int32_t k = std::min(spec_policy_.Choose(seq->spec, cap, drafter_->relative_cost_at(context),
+                                             runner_.KvShareAt(context)),
+                         remaining - 1);
     for (; k > 0; --k) {
       const int32_t extra = kv_.BlocksToAppend(seq->id, 1 + k) - kv_.BlocksToAppend(seq->id, 1);
       if (extra <= free) {

@@ -18,6 +18,12 @@ Status ModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   return Status::Ok();
 }
 
+double ModelRunner::KvShareAt(int32_t n_context) const {
+  const double kv = static_cast<double>(storage_.geometry().BytesPerBlock()) /
+                    storage_.geometry().block_size * n_context;
+  return kv / (kv + static_cast<double>(model_.WeightBytesPerToken()));
+}
+
 Status ModelRunner::Execute(const StepInput& step, float* logits) {
   const int32_t m = storage_.kernel_blocks_per_block();
   KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));

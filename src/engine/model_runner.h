@@ -21,6 +21,7 @@ class ModelRunner final : public StepRunner {
 
   int32_t n_vocab() const override { return model_.config().n_vocab; }
   Status CopyBlocks(std::span<const BlockCopy> copies) override;
+  double KvShareAt(int32_t n_context) const override;
   Status Execute(const StepInput& step, float* logits) override;
   const KvStorage& storage() const { return storage_; }
   // The self drafter writes its draft tokens' K/V into the sequences' own lookahead slots.

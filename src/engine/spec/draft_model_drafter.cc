@@ -262,6 +262,15 @@ Status CheckDraftPairing(const Model& target, const Model& draft) {
   return Status::Ok();
 }
 
+double DraftModelDrafter::relative_cost_at(int32_t n_context) const {
+  if (target_bytes_ <= 0) return relative_cost_;
+  // The draft reads its weights and its own KV of the whole context.
+  const double draft_kv =
+      static_cast<double>(storage_.geometry().BytesPerBlock()) / storage_.geometry().block_size;
+  return (relative_cost_ * target_bytes_ + n_context * draft_kv) /
+         (target_bytes_ + n_context * target_kv_per_position_);
+}
+
 Expected<std::unique_ptr<DraftModelDrafter>> MakeDraftModelDrafter(
     const Model& target, const Model& draft, ThreadPool& pool, int32_t n_ctx, int32_t max_seqs,
     const DraftModelOptions& options) {

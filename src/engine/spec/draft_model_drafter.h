@@ -54,6 +54,13 @@ class DraftModelDrafter final : public Drafter {
 
   std::string_view name() const override { return "draft"; }
   double relative_cost() const override { return relative_cost_; }
+  double relative_cost_at(int32_t n_context) const override;
+  // The target's weight and KV bytes per position, for relative_cost_at (the builder knows the
+  // target's KV format); unset, relative_cost_at is relative_cost.
+  void SetTargetCost(double weight_bytes, double kv_bytes_per_position) {
+    target_bytes_ = weight_bytes;
+    target_kv_per_position_ = kv_bytes_per_position;
+  }
   // Per request: catch up to the last committed token (a whole prefill for a sequence it has
   // not seen, in chunks of max_batch_tokens), draw draft 1, then draw up to max_drafts - 1 more.
   // A sequence gets fewer drafts (maybe none) when the draft's pool is short; only a failed
@@ -94,6 +101,7 @@ class DraftModelDrafter final : public Drafter {
 
   int32_t n_vocab_;
   double relative_cost_;
+  double target_bytes_ = 0, target_kv_per_position_ = 0;
   int32_t max_batch_tokens_;
   KvCacheManager kv_;
   KvStorage storage_;

@@ -41,6 +41,10 @@ class Drafter {
   // What one drafted token costs, as a fraction of a target decode step (bytes read per token),
   // for the adaptive choice of k (spec_policy.h).
   virtual double relative_cost() const = 0;
+  // The same for a sequence of n_context positions, where the draft's own KV reads count: a
+  // draft that attends to the whole context costs more as it grows, a windowed one does not,
+  // while the target's step grows with its KV either way.
+  virtual double relative_cost_at(int32_t n_context) const { return relative_cost(); }
   // Fills drafts[i] for requests[i]. Runs after the step's plan was applied and its block copies
   // done, before the verification pass: a drafter may write K/V into a request's own slots at
   // positions >= seq->n_computed (the verification rewrites them), and nowhere else. A failure

@@ -11,10 +11,22 @@ SelfDrafter::SelfDrafter(const Model& target, const Model& view, ThreadPool& poo
       options_(options),
       cost_(static_cast<double>(view.WeightBytesPerToken()) /
             static_cast<double>(std::max<size_t>(1, target.WeightBytesPerToken()))),
+      view_bytes_(static_cast<double>(view.WeightBytesPerToken())),
+      target_bytes_(static_cast<double>(target.WeightBytesPerToken())),
+      kv_per_position_(static_cast<double>(storage.geometry().BytesPerBlock()) /
+                       storage.geometry().block_size),
       forward_(view, pool) {
   if (options_.window > 0) {
     options_.window = (options_.window + kKvBlockTokens - 1) / kKvBlockTokens * kKvBlockTokens;
   }
+}
+
+double SelfDrafter::relative_cost_at(int32_t n_context) const {
+  const int32_t seen = options_.window > 0
+                           ? std::min(n_context, options_.window + SelfDraftOptions::kSinkTokens)
+                           : n_context;
+  return (view_bytes_ + seen * kv_per_position_) /
+         std::max(1.0, target_bytes_ + n_context * kv_per_position_);
 }
 
 void SelfDrafter::AddWindowed(const BlockTable& table, int32_t token, int32_t pos) {

@@ -39,6 +39,7 @@ class SelfDrafter final : public Drafter {
 
   std::string_view name() const override { return "self"; }
   double relative_cost() const override { return cost_; }
+  double relative_cost_at(int32_t n_context) const override;
   Status Propose(std::span<const DraftRequest> requests, const KvCacheManager& kv,
                  std::span<Draft> drafts) override;
   void Release(SeqId seq) override { samplers_.erase(seq); }
@@ -51,6 +52,7 @@ class SelfDrafter final : public Drafter {
   KvStorage& storage_;
   SelfDraftOptions options_;
   double cost_;
+  double view_bytes_, target_bytes_, kv_per_position_;
   ForwardPass forward_;
   RaggedBatch batch_;
   std::vector<float> logits_;  // [requests][n_vocab]

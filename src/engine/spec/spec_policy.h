@@ -36,15 +36,20 @@ struct SpecConfig {
 struct SpecState {
   double acceptance = 0.8;  // per-draft acceptance: an average of accepted / tested (optimistic)
   int32_t idle_steps = 0;     // steps since the policy last let it draft
+  int32_t probe_after = 32;   // idle steps before it drafts once more to re-measure; doubles
+                              // (to 1024) each time such a probe is rejected outright
 };
 
 class SpecPolicy {
  public:
-  SpecPolicy(const SpecConfig& config, double draft_cost) : config_(config), cost_(draft_cost) {}
+  explicit SpecPolicy(const SpecConfig& config) : config_(config) {}
 
   // k for one sequence; k_cap: the most drafts the step has room for (its share of the positions
   // left before the step turns compute-bound, ComputeRoom).
-  int32_t Choose(const SpecState& state, int32_t k_cap) const;
+  // draft_cost: Drafter::relative_cost_at the sequence's context; kv_share: StepRunner::KvShareAt
+  // it (what each more verified position costs again in attention).
+  int32_t Choose(const SpecState& state, int32_t k_cap, double draft_cost,
+                 double kv_share = 0.0) const;
   // Drafts the step can add before it turns compute-bound, given the positions it holds already.
   int32_t ComputeRoom(int32_t step_tokens) const {
     return step_tokens >= config_.compute_bound_tokens ? 0
@@ -54,11 +59,10 @@ class SpecPolicy {
   // Folds a verification's outcome into the sequence's acceptance.
   static void Record(SpecState* state, int32_t n_drafted, int32_t n_accepted);
   // Expected tokens per target step with k drafts at acceptance a (exposed for tests).
-  double Gain(double acceptance, int32_t k) const;
+  double Gain(double acceptance, int32_t k, double draft_cost, double kv_share = 0.0) const;
 
  private:
   SpecConfig config_;
-  double cost_;
 };
 
 }  // namespace kvs
