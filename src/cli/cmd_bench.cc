@@ -291,9 +291,8 @@ int RunBandwidth(int32_t requested_threads, int32_t size_mib, const std::string&
 }  // namespace
 
 Runner AddBenchCommand(CLI::App& root) {
-  CLI::App* bench =
-      root.add_subcommand("bench",
-                          "Benchmarks (speed, bandwidth, memory, throughput, serve, spec)");
+  CLI::App* bench = root.add_subcommand(
+      "bench", "Benchmarks (speed, bandwidth, memory, throughput, serve, spec)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand(

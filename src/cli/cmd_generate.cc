@@ -141,14 +141,13 @@ int RunGenerate(GenerateArgs a) {
                generated.size(), gen_s, gen_s > 0 ? decoded / gen_s : 0.0, finish_reason.c_str());
   if (eo.spec_type != "none") {
     const kvserve::EngineStats s = engine->stats();
-    std::fprintf(stderr,
-                 "speculation (%s): %lld verifications, %lld tokens drafted, %lld accepted "
-                 "(acceptance %.3f)\n",
-                 eo.spec_type.c_str(), static_cast<long long>(s.spec_drafts),
-                 static_cast<long long>(s.spec_draft_tokens),
-                 static_cast<long long>(s.spec_accepted_tokens),
-                 s.spec_draft_tokens > 0 ? double(s.spec_accepted_tokens) / s.spec_draft_tokens
-                                         : 0.0);
+    std::fprintf(
+        stderr,
+        "speculation (%s): %lld verifications, %lld tokens drafted, %lld accepted "
+        "(acceptance %.3f)\n",
+        eo.spec_type.c_str(), static_cast<long long>(s.spec_drafts),
+        static_cast<long long>(s.spec_draft_tokens), static_cast<long long>(s.spec_accepted_tokens),
+        s.spec_draft_tokens > 0 ? double(s.spec_accepted_tokens) / s.spec_draft_tokens : 0.0);
   }
   return 0;
 }

@@ -69,25 +69,29 @@ void AddSpecFlags(CLI::App* cmd, EngineFlags* f) {
       ->check(CLI::IsMember({"none", "draft", "ngram", "self"}));
   cmd->add_option("--model-draft", f->draft_model_path,
                   "Draft model for --spec-type draft: a GGUF with the same vocabulary; also -md");
-  f->draft_max_flag = cmd->add_option("--draft-max,--draft,--draft-n", o.draft_max,
-                  "Most tokens drafted per sequence and step (adaptive below it)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 32));
-  f->draft_min_flag = cmd->add_option("--draft-min", o.draft_min,
-                  "Fewest tokens drafted per step: adaptive k never goes below it (>= 1: "
-                  "speculation never switches itself off)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 32));
-  f->draft_weights_flag = cmd->add_option("--draft-weights", o.draft_weights,
-                  "--spec-type self: the type the model's matrices are re-quantized to for "
-                  "drafting: q8_0, q4_0, f16, optionally with ffn=TYPE (ffn_gate/ffn_up) and "
-                  "output=TYPE, e.g. q8_0,ffn=q4_0 (default: q8_0 for f32/f16/bf16 models, q4_0 "
-                  "for others where smaller)");
-  f->draft_window_flag = cmd->add_option("--draft-window", o.draft_window,
-                  "--spec-type self: recent positions the draft attends to, besides 16 sink "
-                  "positions (0: the whole context)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 24));
+  f->draft_max_flag =
+      cmd->add_option("--draft-max,--draft,--draft-n", o.draft_max,
+                      "Most tokens drafted per sequence and step (adaptive below it)")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 32));
+  f->draft_min_flag =
+      cmd->add_option("--draft-min", o.draft_min,
+                      "Fewest tokens drafted per step: adaptive k never goes below it (>= 1: "
+                      "speculation never switches itself off)")
+          ->capture_default_str()
+          ->check(CLI::Range(0, 32));
+  f->draft_weights_flag = cmd->add_option(
+      "--draft-weights", o.draft_weights,
+      "--spec-type self: the type the model's matrices are re-quantized to for "
+      "drafting: q8_0, q4_0, f16, optionally with ffn=TYPE (ffn_gate/ffn_up) and "
+      "output=TYPE, e.g. q8_0,ffn=q4_0 (default: q8_0 for f32/f16/bf16 models, q4_0 "
+      "for others where smaller)");
+  f->draft_window_flag =
+      cmd->add_option("--draft-window", o.draft_window,
+                      "--spec-type self: recent positions the draft attends to, besides 16 sink "
+                      "positions (0: the whole context)")
+          ->capture_default_str()
+          ->check(CLI::Range(0, 1 << 24));
 }
 
 CLI::Validator RealRange(double lo, double hi, bool lo_open) {

@@ -27,9 +27,10 @@ int main(int argc, char** argv) {
   add(kvs::cli::AddBenchCommand(app));
   // llama.cpp spells some flags with several letters after one dash ("-np", "-ctk"); CLI11
   // takes one-letter short names only. (CLI11 takes the argument vector in reverse order.)
-  const std::pair<std::string, std::string> spellings[] = {
-      {"-np", "--parallel"},      {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
-      {"-md", "--model-draft"}};
+  const std::pair<std::string, std::string> spellings[] = {{"-np", "--parallel"},
+                                                           {"-ctk", "--cache-type-k"},
+                                                           {"-ctv", "--cache-type-v"},
+                                                           {"-md", "--model-draft"}};
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {
     std::string arg = argv[i];

@@ -78,10 +78,11 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       (*drafter)->SetTargetCost(static_cast<double>(model_.WeightBytesPerToken()),
                                 static_cast<double>(runner.storage().geometry().BytesPerBlock()) /
                                     runner.storage().geometry().block_size);
-      KVS_LOG_INFO("spec: a draft model (%s, %.0f%% of the target's bytes per token), %d blocks "
-                   "of KV of its own, up to %d drafts per step",
-                   spec.draft_model->config().arch_name.c_str(),
-                   100.0 * (*drafter)->relative_cost(), options.n_blocks, config.spec.draft_max);
+      KVS_LOG_INFO(
+          "spec: a draft model (%s, %.0f%% of the target's bytes per token), %d blocks "
+          "of KV of its own, up to %d drafts per step",
+          spec.draft_model->config().arch_name.c_str(), 100.0 * (*drafter)->relative_cost(),
+          options.n_blocks, config.spec.draft_max);
       spec.drafter = std::move(*drafter);
       break;
     }
@@ -91,16 +92,18 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       spec.view = std::move(*view);
       SelfDraftOptions self;
       self.window = spec_.draft_window;
-      auto drafter = std::make_unique<SelfDrafter>(model_, *spec.view, pool_,
-                                                   runner.mutable_storage(), self);
-      KVS_LOG_INFO("spec: self-drafting over %s weights (%.0f%% of the target's bytes), "
-                   "window %d + %d sink positions",
-                   DescribeCompressedView(*spec_.draft_weights).c_str(),
-                   100.0 * drafter->relative_cost(), self.window, SelfDraftOptions::kSinkTokens);
+      auto drafter =
+          std::make_unique<SelfDrafter>(model_, *spec.view, pool_, runner.mutable_storage(), self);
+      KVS_LOG_INFO(
+          "spec: self-drafting over %s weights (%.0f%% of the target's bytes), "
+          "window %d + %d sink positions",
+          DescribeCompressedView(*spec_.draft_weights).c_str(), 100.0 * drafter->relative_cost(),
+          self.window, SelfDraftOptions::kSinkTokens);
       if (drafter->relative_cost() > 0.9) {
-        KVS_LOG_WARN("spec: the compressed view is hardly smaller than the model (its weights are "
-                     "already at or below --draft-weights): self-drafting cannot pay, and the "
-                     "adaptive policy will leave it off");
+        KVS_LOG_WARN(
+            "spec: the compressed view is hardly smaller than the model (its weights are "
+            "already at or below --draft-weights): self-drafting cannot pay, and the "
+            "adaptive policy will leave it off");
       }
       spec.drafter = std::move(drafter);
       break;

@@ -93,8 +93,8 @@ void Engine::ProposeDrafts() {
   if (status.ok()) status = drafter_->Propose(requests, kv_, drafts);
   if (!status.ok()) {
     KVS_LOG_WARN("speculative decoding: the %.*s drafter failed, this step verifies no drafts: %s",
-               static_cast<int>(drafter_->name().size()), drafter_->name().data(),
-               status.message().c_str());
+                 static_cast<int>(drafter_->name().size()), drafter_->name().data(),
+                 status.message().c_str());
     for (Draft& d : drafts) d.tokens.clear();
   }
   for (size_t j = 0; j < requests.size(); ++j) {
@@ -132,8 +132,9 @@ void Engine::VerifyAndEmit(Sequence* seq, size_t run, const float* logits) {
   const int32_t base = seq->n_committed();
   const int32_t k = seq->n_in_flight;
   std::vector<int32_t> tokens(seq->tokens.begin() + base, seq->tokens.end());
-  const VerifyResult v = VerifyDrafts(*seq->sampler, logits, runner_.n_vocab(),
-                                      std::span(seq->tokens.data(), base), tokens, draft_probs_[run]);
+  const VerifyResult v =
+      VerifyDrafts(*seq->sampler, logits, runner_.n_vocab(), std::span(seq->tokens.data(), base),
+                   tokens, draft_probs_[run]);
   spec_accepted_tokens_ += v.n_accepted;
   SpecPolicy::Record(&seq->spec, k, v.n_accepted);
   // Keep the K/V of the last committed token and the accepted drafts; the rejected positions'

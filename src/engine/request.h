@@ -24,12 +24,12 @@ struct RequestOptions {
   SamplingParams sampling;
   int32_t max_tokens = 128;  // per choice; -1: until a stop token or the context is full
   std::vector<int32_t> stop_ids;
-  int32_t n = 1;          // choices, forked from one prefill; choice i samples with seed + i
-  int32_t priority = 0;   // higher runs first; first come, first served within a priority
-  BlockHash cache_key;    // prefix-cache extra key: model, KV types, cache_salt (PrefixCacheKey)
-  int32_t logprobs = -1;  // >= 0: report the chosen token's log-probability and this many
-                          // most likely alternatives (of the model's distribution, before
-                          // sampling's penalties and temperature)
+  int32_t n = 1;            // choices, forked from one prefill; choice i samples with seed + i
+  int32_t priority = 0;     // higher runs first; first come, first served within a priority
+  BlockHash cache_key;      // prefix-cache extra key: model, KV types, cache_salt (PrefixCacheKey)
+  int32_t logprobs = -1;    // >= 0: report the chosen token's log-probability and this many
+                            // most likely alternatives (of the model's distribution, before
+                            // sampling's penalties and temperature)
   bool speculative = true;  // false: this request never drafts (the request field
                             // "speculative": false), whatever the engine's --spec-type
 };

@@ -19,7 +19,7 @@
 namespace kvs {
 
 struct VerifyResult {
-  int32_t n_accepted = 0;  // drafts kept, a prefix of them
+  int32_t n_accepted = 0;   // drafts kept, a prefix of them
   int32_t next_token = -1;  // the token after them: a correction, or the bonus when all passed
 };
 

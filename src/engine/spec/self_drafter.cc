@@ -102,7 +102,8 @@ Status SelfDrafter::Propose(std::span<const DraftRequest> requests, const KvCach
           drafts[i].tokens);
       drafts[i].tokens.push_back(t.token);
       // Greedy drafts are point masses; sampled ones carry q for the rejection rule.
-      if (sampler.params().temperature > 0.f) drafts[i].probs.emplace_back(t.probs.begin(), t.probs.end());
+      if (sampler.params().temperature > 0.f)
+        drafts[i].probs.emplace_back(t.probs.begin(), t.probs.end());
     }
   }
   return Status::Ok();
