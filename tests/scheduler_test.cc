@@ -8,6 +8,7 @@
 
 #include "engine/async_engine.h"
 #include "engine/engine.h"
+#include "testing/fake_model.h"
 
 #include <condition_variable>
 #include <mutex>
@@ -16,15 +17,8 @@
 namespace kvs {
 namespace {
 
-constexpr int32_t kVocab = 64;
-
-// The "model": the next token is a hash of every token before it, so a sequence's output
-// depends on all of its history (a recompute after preemption must reproduce it exactly).
-int32_t NextToken(const std::vector<int32_t>& tokens, size_t n) {
-  uint32_t h = 17;
-  for (size_t i = 0; i < n; ++i) h = h * 31 + static_cast<uint32_t>(tokens[i]);
-  return static_cast<int32_t>(h % (kVocab - 2)) + 2;  // never 0 or 1 (stop tokens in tests)
-}
+// The fake model and its helpers (testing/fake_model.h).
+using namespace testing;  // NOLINT(google-build-using-namespace)
 
 struct RunRecord {
   int64_t seq;  // SeqId::value
@@ -60,19 +54,6 @@ class FakeRunner final : public StepRunner {
   std::vector<BlockCopy> copies;
 };
 
-struct Collected {
-  std::map<int32_t, std::vector<int32_t>> tokens;  // per choice
-  std::map<int32_t, FinishReason> finish;
-};
-
-RequestOptions Greedy(int32_t max_tokens, int32_t n = 1) {
-  RequestOptions o;
-  o.sampling.temperature = 0;
-  o.max_tokens = max_tokens;
-  o.n = n;
-  return o;
-}
-
 EngineConfig Config(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t budget) {
   EngineConfig c;
   c.n_ctx = 256;
@@ -85,36 +66,6 @@ EngineConfig Config(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int3
   return c;
 }
 
-std::vector<int32_t> Prompt(int32_t n, int32_t seed) {
-  std::vector<int32_t> p;
-  for (int32_t i = 0; i < n; ++i) p.push_back(2 + (seed * 7 + i * 3) % (kVocab - 2));
-  return p;
-}
-
-// What a request produces alone, without any batching: the fake model applied token by token.
-std::vector<int32_t> Expected(std::vector<int32_t> tokens, int32_t n_out) {
-  std::vector<int32_t> out;
-  for (int32_t i = 0; i < n_out; ++i) {
-    out.push_back(NextToken(tokens, tokens.size()));
-    tokens.push_back(out.back());
-  }
-  return out;
-}
-
-RequestId Submit(Engine& e, std::vector<int32_t> prompt, const RequestOptions& o, Collected* c) {
-  auto id = e.Submit(std::move(prompt), o, [c](const TokenEvent& ev) {
-    if (ev.token >= 0) c->tokens[ev.choice].push_back(ev.token);
-    if (ev.finished) c->finish[ev.choice] = ev.reason;
-  });
-  EXPECT_TRUE(id.ok()) << id.error();
-  return id.ok() ? *id : -1;
-}
-
-void RunToEnd(Engine& e, int max_steps = 1000) {
-  for (int i = 0; i < max_steps && e.HasWork(); ++i) ASSERT_TRUE(e.Step().ok());
-  ASSERT_FALSE(e.HasWork()) << "still running after " << max_steps << " steps";
-}
-
 TEST(Scheduler, ChunkedPrefillThenOneTokenPerStep) {
   FakeRunner runner;
   Engine e(Config(32, 16, 4, 8), runner);
@@ -125,7 +76,7 @@ TEST(Scheduler, ChunkedPrefillThenOneTokenPerStep) {
   const std::vector<std::vector<RunRecord>> want = {
       {{1, 0, 8}}, {{1, 8, 8}}, {{1, 16, 4}}, {{1, 20, 1}}, {{1, 21, 1}}};
   EXPECT_EQ(runner.steps, want);
-  EXPECT_EQ(c.tokens[0], Expected(Prompt(20, 1), 3));
+  EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(20, 1), 3));
   EXPECT_EQ(c.finish[0], FinishReason::kLength);
   EXPECT_EQ(e.kv().num_free_blocks(), 31);
 }
@@ -152,9 +103,9 @@ TEST(Scheduler, TokenBudgetDecodesFirstThenPrefillThenAdmissions) {
     for (const RunRecord& r : step) n += r.n_tokens;
     EXPECT_LE(n, 8);
   }
-  EXPECT_EQ(a.tokens[0], Expected(Prompt(6, 1), 4));
-  EXPECT_EQ(b.tokens[0], Expected(Prompt(6, 2), 4));
-  EXPECT_EQ(c.tokens[0], Expected(Prompt(6, 3), 4));
+  EXPECT_EQ(a.tokens[0], ExpectedOutput(Prompt(6, 1), 4));
+  EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(6, 2), 4));
+  EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(6, 3), 4));
 }
 
 TEST(Scheduler, ParallelLimitAdmitsInArrivalOrder) {
@@ -170,7 +121,7 @@ TEST(Scheduler, ParallelLimitAdmitsInArrivalOrder) {
   // Seq 1 ends after 3 tokens (3 steps); seq 3 takes its seat in the next step, seq 4 after seq 2.
   EXPECT_EQ(runner.steps[3], (std::vector<RunRecord>{{2, 6, 1}, {3, 0, 4}}));
   EXPECT_EQ(runner.steps[4], (std::vector<RunRecord>{{3, 4, 1}, {4, 0, 4}}));
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(r[i].tokens[0], Expected(Prompt(4, i), 3 + i));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r[i].tokens[0], ExpectedOutput(Prompt(4, i), 3 + i));
 }
 
 TEST(Scheduler, PriorityGoesFirstAndFcfsWithinAPriority) {
@@ -206,7 +157,7 @@ TEST(Scheduler, AdmissionWaitsForBlocksAndKeepsTheWatermark) {
   EXPECT_EQ(runner.steps[1], (std::vector<RunRecord>{{1, 10, 1}, {2, 6, 1}}));
   EXPECT_EQ(e.scheduler().waiting().size(), 1u);
   RunToEnd(e);
-  EXPECT_EQ(c.tokens[0], Expected(Prompt(4, 2), 1));
+  EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(4, 2), 1));
 }
 
 TEST(Scheduler, PreemptionByRecomputeResumesWithTheSameOutput) {
@@ -218,8 +169,8 @@ TEST(Scheduler, PreemptionByRecomputeResumesWithTheSameOutput) {
   Submit(e, Prompt(4, 0), Greedy(12), &a);  // seq 1 grows to 16 positions: 4 blocks
   Submit(e, Prompt(4, 1), Greedy(12), &b);  // seq 2 too: both cannot fit at once
   RunToEnd(e);
-  EXPECT_EQ(a.tokens[0], Expected(Prompt(4, 0), 12));
-  EXPECT_EQ(b.tokens[0], Expected(Prompt(4, 1), 12));
+  EXPECT_EQ(a.tokens[0], ExpectedOutput(Prompt(4, 0), 12));
+  EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(4, 1), 12));
   // Seq 2 (the later arrival) was preempted and later recomputed from position 0 with its
   // output so far: one run starting at 0 with more tokens than its prompt.
   bool recomputed = false;
@@ -245,7 +196,7 @@ TEST(Scheduler, PrefixCacheSharesPromptsAndShortensRecompute) {
   EXPECT_EQ(runner.steps.back(), (std::vector<RunRecord>{{2, 8, 2}}));
   RunToEnd(e);
   EXPECT_EQ(b.tokens[0], a.tokens[0]);
-  EXPECT_EQ(b.tokens[0], Expected(shared, 2));
+  EXPECT_EQ(b.tokens[0], ExpectedOutput(shared, 2));
   EXPECT_TRUE(e.kv().VerifyIntegrity().ok());
 }
 
@@ -265,7 +216,7 @@ TEST(Scheduler, CancelFreesBlocksAtOnce) {
   EXPECT_EQ(a.tokens[0].size(), 2u);  // one from the prefill, one from the decode
   EXPECT_FALSE(e.Cancel(ia));
   RunToEnd(e);
-  EXPECT_EQ(b.tokens[0], Expected(Prompt(10, 1), 5));
+  EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(10, 1), 5));
   EXPECT_EQ(e.kv().num_free_blocks(), 31);
 }
 
@@ -289,7 +240,7 @@ TEST(Scheduler, ForkSharesThePromptAndCopiesThePartialBlockOnWrite) {
   EXPECT_EQ(e.kv().Table(SeqId{3}).blocks, (std::vector<BlockId>{BlockId{1}, BlockId{2}}));
   RunToEnd(e);
   for (int32_t choice = 0; choice < 3; ++choice) {
-    EXPECT_EQ(c.tokens[choice], Expected(Prompt(6, 0), 3)) << choice;  // greedy: all the same
+    EXPECT_EQ(c.tokens[choice], ExpectedOutput(Prompt(6, 0), 3)) << choice;  // greedy: all the same
   }
   EXPECT_EQ(e.kv().num_free_blocks(), 31);
 }
@@ -315,7 +266,7 @@ TEST(Scheduler, StopTokenAndContextEndFinishRequests) {
   Engine e(cfg, runner);
   Collected a, b;
   RequestOptions stop = Greedy(50);
-  const std::vector<int32_t> expected = Expected(Prompt(4, 3), 3);
+  const std::vector<int32_t> expected = ExpectedOutput(Prompt(4, 3), 3);
   stop.stop_ids = {expected[2]};
   Submit(e, Prompt(4, 3), stop, &a);
   Submit(e, Prompt(4, 4), Greedy(-1), &b);
@@ -524,7 +475,7 @@ TEST(AsyncEngine, SubmissionsFromManyThreadsAllComplete) {
   w.WaitFor(20);
   ASSERT_EQ(seed_of.size(), 20u);
   for (const auto& [id, seed] : seed_of) {
-    EXPECT_EQ(w.tokens[id], Expected(Prompt(3 + seed % 7, seed), 6)) << id;
+    EXPECT_EQ(w.tokens[id], ExpectedOutput(Prompt(3 + seed % 7, seed), 6)) << id;
     EXPECT_EQ(w.finish[id], FinishReason::kLength);
   }
   EXPECT_FALSE(engine.Submit({}, Greedy(1), {}).ok());  // still validated synchronously

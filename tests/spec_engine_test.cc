@@ -11,18 +11,13 @@
 #include "engine/engine.h"
 #include "engine/spec/ngram_drafter.h"
 #include "engine/spec/spec_policy.h"
+#include "testing/fake_model.h"
 
 namespace kvs {
 namespace {
 
-constexpr int32_t kVocab = 64;
-
-// The "model": the token after tokens[0, n) hashes all of them.
-int32_t NextToken(const std::vector<int32_t>& tokens, size_t n) {
-  uint32_t h = 17;
-  for (size_t i = 0; i < n; ++i) h = h * 31 + static_cast<uint32_t>(tokens[i]);
-  return static_cast<int32_t>(h % (kVocab - 2)) + 2;  // never 0 or 1 (stop tokens in tests)
-}
+// The fake model and its helpers (testing/fake_model.h).
+using namespace testing;  // NOLINT(google-build-using-namespace)
 
 struct RunRecord {
   int64_t seq;
@@ -100,19 +95,6 @@ class FakeDrafter final : public Drafter {
   std::mt19937_64 rng_;
 };
 
-struct Collected {
-  std::map<int32_t, std::vector<int32_t>> tokens;
-  std::map<int32_t, FinishReason> finish;
-};
-
-RequestOptions Greedy(int32_t max_tokens, int32_t n = 1) {
-  RequestOptions o;
-  o.sampling.temperature = 0;
-  o.max_tokens = max_tokens;
-  o.n = n;
-  return o;
-}
-
 EngineConfig Config(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t budget) {
   EngineConfig c;
   c.n_ctx = 256;
@@ -128,34 +110,6 @@ EngineConfig Config(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int3
   return c;
 }
 
-std::vector<int32_t> Prompt(int32_t n, int32_t seed) {
-  std::vector<int32_t> p;
-  for (int32_t i = 0; i < n; ++i) p.push_back(2 + (seed * 7 + i * 3) % (kVocab - 2));
-  return p;
-}
-
-std::vector<int32_t> Expected(std::vector<int32_t> tokens, int32_t n_out) {
-  std::vector<int32_t> out;
-  for (int32_t i = 0; i < n_out; ++i) {
-    out.push_back(NextToken(tokens, tokens.size()));
-    tokens.push_back(out.back());
-  }
-  return out;
-}
-
-void Submit(Engine& e, std::vector<int32_t> prompt, const RequestOptions& o, Collected* c) {
-  auto id = e.Submit(std::move(prompt), o, [c](const TokenEvent& ev) {
-    if (ev.token >= 0) c->tokens[ev.choice].push_back(ev.token);
-    if (ev.finished) c->finish[ev.choice] = ev.reason;
-  });
-  ASSERT_TRUE(id.ok()) << id.error();
-}
-
-void RunToEnd(Engine& e, int max_steps = 2000) {
-  for (int i = 0; i < max_steps && e.HasWork(); ++i) ASSERT_TRUE(e.Step().ok());
-  ASSERT_FALSE(e.HasWork());
-}
-
 TEST(SpecEngine, PerfectDraftsVerifyFourAtOnceAndEmitFive) {
   FakeRunner runner;
   FakeDrafter drafter(0.0);
@@ -167,7 +121,7 @@ TEST(SpecEngine, PerfectDraftsVerifyFourAtOnceAndEmitFive) {
   const std::vector<std::vector<RunRecord>> want = {
       {{1, 0, 6, 1}}, {{1, 6, 5, 5}}, {{1, 11, 5, 5}}};
   EXPECT_EQ(runner.steps, want);
-  EXPECT_EQ(c.tokens[0], Expected(Prompt(6, 1), 11));
+  EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(6, 1), 11));
   EXPECT_EQ(c.finish[0], FinishReason::kLength);
   EngineStepStats stats;
   ASSERT_TRUE(e.Step(&stats).ok());
@@ -190,7 +144,7 @@ TEST(SpecEngine, RejectedDraftsAreTrimmedFromTheBlockTable) {
   ASSERT_EQ(t.blocks.size(), 2u);
   EXPECT_EQ(e.kv().num_free_blocks(), 29);
   RunToEnd(e);
-  EXPECT_EQ(c.tokens[0], Expected(Prompt(6, 1), 3));
+  EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(6, 1), 3));
 }
 
 TEST(SpecEngine, LookaheadBlocksPastTheTableReturnToThePool) {
@@ -227,7 +181,7 @@ TEST(SpecEngine, LookaheadTheDrafterLeavesUnusedIsNotKept) {
     EXPECT_EQ(e.kv().Table(SeqId{1}).num_tokens, 9 + limit);
     EXPECT_EQ(e.kv().Table(SeqId{1}).blocks.size(), 3u);
     RunToEnd(e);
-    EXPECT_EQ(c.tokens[0], Expected(Prompt(8, 1), 20)) << "limit " << limit;
+    EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(8, 1), 20)) << "limit " << limit;
     EXPECT_EQ(c.finish[0], FinishReason::kLength);
     for (const auto& step : runner.steps) EXPECT_FALSE(step.empty()) << "limit " << limit;
     EXPECT_EQ(e.kv().num_free_blocks(), 7);
@@ -248,7 +202,7 @@ TEST(SpecEngine, GreedyOutputIsUnchangedUnderEveryEngineFeature) {
       for (int i = 0; i < 8; ++i) {
         std::vector<int32_t> prompt = Prompt(5 + 3 * (i % 4), i % 3);  // repeats: cache hits
         RequestOptions o = Greedy(6 + i, i == 5 ? 2 : 1);
-        if (i == 3) o.stop_ids = {Expected(prompt, 4)[3]};  // stops at its 4th token
+        if (i == 3) o.stop_ids = {ExpectedOutput(prompt, 4)[3]};  // stops at its 4th token
         reqs.emplace_back(prompt, o);
         Submit(e, prompt, o, &got[i]);
       }
@@ -257,7 +211,7 @@ TEST(SpecEngine, GreedyOutputIsUnchangedUnderEveryEngineFeature) {
         const auto& [prompt, o] = reqs[i];
         const int32_t n = i == 3 ? 4 : o.max_tokens;
         for (int32_t ch = 0; ch < o.n; ++ch) {
-          EXPECT_EQ(got[i].tokens[ch], Expected(prompt, n))
+          EXPECT_EQ(got[i].tokens[ch], ExpectedOutput(prompt, n))
               << "request " << i << " choice " << ch << " pool " << pool << " error " << error;
         }
         EXPECT_EQ(got[i].finish[0], i == 3 ? FinishReason::kStop : FinishReason::kLength);
@@ -292,7 +246,7 @@ TEST(SpecEngine, RequestsThatOptOutNeverDraft) {
   Submit(e, Prompt(6, 1), o, &c);
   RunToEnd(e);
   EXPECT_EQ(drafter.proposed, 0);
-  EXPECT_EQ(c.tokens[0], Expected(Prompt(6, 1), 5));
+  EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(6, 1), 5));
 }
 
 TEST(SpecEngine, BudgetCutsTheDraftsNotTheDecode) {
@@ -303,7 +257,7 @@ TEST(SpecEngine, BudgetCutsTheDraftsNotTheDecode) {
   Submit(e, Prompt(3, 1), Greedy(6), &c);
   RunToEnd(e);
   EXPECT_EQ(runner.steps[1], (std::vector<RunRecord>{{1, 3, 3, 3}}));  // 1 + 2 drafts
-  EXPECT_EQ(c.tokens[0], Expected(Prompt(3, 1), 6));
+  EXPECT_EQ(c.tokens[0], ExpectedOutput(Prompt(3, 1), 6));
 }
 
 TEST(Ngram, ProposesWhatFollowedTheLatestEarlierMatch) {
@@ -328,8 +282,8 @@ TEST(SpecPolicy, ShrinksAndSwitchesOffWhenItDoesNotPay) {
   const Priced cheap{policy, 0.05}, dear{policy, 0.6};
   SpecState high{0.95, 0}, low{0.3, 0};
   EXPECT_GE(cheap.Choose(high, 64), 6);
-  EXPECT_EQ(dear.Choose(low, 64), 0);     // a 0.6-cost draft right 30% of the time loses
-  EXPECT_EQ(cheap.Choose(high, 0), 0);    // no room: the step is compute-bound already
+  EXPECT_EQ(dear.Choose(low, 64), 0);   // a 0.6-cost draft right 30% of the time loses
+  EXPECT_EQ(cheap.Choose(high, 0), 0);  // no room: the step is compute-bound already
   EXPECT_LT(dear.Choose(high, 64), cheap.Choose(high, 64));
   config.draft_min = 2;
   EXPECT_EQ(SpecPolicy(config).Choose(low, 64, 0.6), 2);  // never below --draft-min
