@@ -5,7 +5,10 @@
 namespace kvs {
 
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr format, int32_t n_blocks)
-    : model_(model), storage_(std::move(format), n_blocks), forward_(model, pool) {}
+    : model_(model),
+      weight_bytes_(static_cast<double>(model.WeightBytesPerToken())),
+      storage_(std::move(format), n_blocks),
+      forward_(model, pool) {}
 
 Status ModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   const int32_t m = storage_.kernel_blocks_per_block();
@@ -21,7 +24,7 @@ Status ModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
 double ModelRunner::KvShareAt(int32_t n_context) const {
   const double kv = static_cast<double>(storage_.geometry().BytesPerBlock()) /
                     storage_.geometry().block_size * n_context;
-  return kv / (kv + static_cast<double>(model_.WeightBytesPerToken()));
+  return kv / (kv + weight_bytes_);
 }
 
 Status ModelRunner::Execute(const StepInput& step, float* logits) {

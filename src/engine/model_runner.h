@@ -30,6 +30,7 @@ class ModelRunner final : public StepRunner {
 
  private:
   const Model& model_;
+  double weight_bytes_;  // Model::WeightBytesPerToken, for KvShareAt (asked per sequence and step)
   KvStorage storage_;
   ForwardPass forward_;
   RaggedBatch batch_;
