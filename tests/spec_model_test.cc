@@ -115,7 +115,7 @@ class SpecModelTest : public ::testing::Test {
     quantized.types = {KvType::kQ8_0, KvType::kQ4_0};
     if (target.config().head_dim_k < 32) quantized.types = {KvType::kInt8, KvType::kInt8};
     const std::pair<const char*, Scenario> scenarios[] = {
-        {"batched", batched},       {"alone", alone},   {"chunked prefill", chunked},
+        {"batched", batched},       {"alone", alone},         {"chunked prefill", chunked},
         {"preemption", preempting}, {"prefix cache", cached}, {"quantized KV", quantized}};
     SpecOptions none;
     for (const auto& [name, setup] : scenarios) {
@@ -161,7 +161,8 @@ TEST_F(SpecModelTest, SelfGreedyOutputIsUnchanged) {
 TEST_F(SpecModelTest, DraftModelGreedyOutputIsUnchanged) {
   auto target = Load("stories-hd64-3M.gguf");
   auto draft = Load("stories260K.gguf");
-  if (!target || !draft) GTEST_SKIP() << "stories models not found under " << testing::TestModelsDir();
+  if (!target || !draft)
+    GTEST_SKIP() << "stories models not found under " << testing::TestModelsDir();
   SpecOptions spec;
   spec.type = SpecType::kDraft;
   spec.draft_model = draft;

@@ -34,10 +34,10 @@ struct SpecConfig {
 
 // Per-sequence acceptance, kept by the engine with the sequence.
 struct SpecState {
-  double acceptance = 0.8;  // per-draft acceptance: an average of accepted / tested (optimistic)
-  int32_t idle_steps = 0;     // steps since the policy last let it draft
-  int32_t probe_after = 32;   // idle steps before it drafts once more to re-measure; doubles
-                              // (to 1024) each time such a probe is rejected outright
+  double acceptance = 0.8;   // per-draft acceptance: an average of accepted / tested (optimistic)
+  int32_t idle_steps = 0;    // steps since the policy last let it draft
+  int32_t probe_after = 32;  // idle steps before it drafts once more to re-measure; doubles
+                             // (to 1024) each time such a probe is rejected outright
 };
 
 class SpecPolicy {
