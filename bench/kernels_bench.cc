@@ -7,7 +7,10 @@
 #include <random>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/thread_pool.h"
+#include "kernels/attention.h"
+#include "kernels/kv_quant.h"
 #include "kernels/matmul.h"
 #include "kernels/repack.h"
 #include "tensor/quantize.h"
@@ -62,6 +65,78 @@ void Args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_MatMul)->Apply(Args);
+
+// One decode step's attention over a deep context in llama-1b's geometry (8 KV heads of 64,
+// 4 query heads each), KV in layer after layer of blocks as KvStorage lays them out, so the
+// keys come from memory, not cache: args {type, context, tokens per sequence}. One token is
+// decode (4 queries per KV head); 5 is the verification of 4 drafts (20 queries per KV head).
+void BM_Attend(benchmark::State& state) {
+  const auto type = static_cast<KvType>(state.range(0));
+  const int32_t n_ctx = static_cast<int32_t>(state.range(1));
+  const int32_t n_tokens = static_cast<int32_t>(state.range(2));
+  constexpr int32_t kHeads = 8, kGroup = 4, kDim = 64, kLayers = 16;
+  const int32_t n_blocks = n_ctx / kKvBlockTokens;
+  const size_t head_bytes = KvHeadBlockBytes(type, kDim);
+  const size_t layer_bytes = 2 * head_bytes * kHeads * n_blocks;
+  AlignedPtr<uint8_t> memory = AllocateAligned<uint8_t>(layer_bytes * kLayers);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(kDim);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    uint8_t* base = memory.get() + l * layer_bytes;
+    for (int32_t b = 0; b < n_blocks * kHeads; ++b) {
+      for (int32_t p = 0; p < kKvBlockTokens; ++p) {
+        for (float& x : row) x = dist(rng);
+        StoreKey(type, base + b * head_bytes, kDim, p, row.data());
+        StoreValue(type, base + (n_blocks * kHeads + b) * head_bytes, kDim, p, row.data());
+      }
+    }
+  }
+  std::vector<int32_t> ids(n_blocks);
+  for (int32_t b = 0; b < n_blocks; ++b) ids[b] = b;
+  const int32_t n_q = n_tokens * kGroup;
+  std::vector<float> q(static_cast<size_t>(kHeads) * n_q * kDim), out(q.size());
+  for (float& x : q) x = dist(rng);
+  ThreadPool pool(2);
+  int32_t layer = 0;
+  for (auto _ : state) {
+    const uint8_t* base = memory.get() + layer * layer_bytes;
+    pool.ParallelFor(kHeads, 1, [&](int, size_t begin, size_t end) {
+      for (size_t g = begin; g < end; ++g) {
+        KvHeadView kv;
+        kv.k_base = base + g * head_bytes;
+        kv.v_base = base + (static_cast<size_t>(n_blocks) * kHeads + g) * head_bytes;
+        kv.k_block_stride = kv.v_block_stride = kHeads * head_bytes;
+        kv.block_ids = ids.data();
+        kv.k_type = kv.v_type = type;
+        const float* qp[64];
+        float* op[64];
+        int32_t n_keys[64];
+        for (int32_t i = 0; i < n_q; ++i) {
+          qp[i] = q.data() + (g * n_q + i) * kDim;
+          op[i] = out.data() + (g * n_q + i) * kDim;
+          n_keys[i] = n_ctx - n_tokens + 1 + i / kGroup;
+        }
+        Attend({kDim, kDim, 0.125f}, kv, qp, n_keys, n_q, op);
+      }
+    });
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % kLayers;
+  }
+  state.SetLabel(std::string(KvTypeName(type)));
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(layer_bytes) * state.iterations(),
+                         benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+}
+
+void AttendArgs(benchmark::internal::Benchmark* b) {
+  for (KvType t : {KvType::kF16, KvType::kQ8_0, KvType::kQ4_0}) {
+    for (int64_t tokens : {1, 5}) b->Args({static_cast<int64_t>(t), 16384, tokens});
+  }
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+BENCHMARK(BM_Attend)->Apply(AttendArgs);
 
 }  // namespace
 }  // namespace kvs

@@ -89,9 +89,9 @@ struct EngineOptions {
   std::string spec_type = "none";
   std::shared_ptr<const Model> draft_model;  // -md/--model-draft, for "draft"
   std::string draft_weights;                 // --draft-weights q8_0|q4_0|f16 ("": by target type)
-  int32_t draft_window = 512;                // --draft-window: recent positions a self draft reads
-  int32_t draft_max = 4;                     // --draft-max: most drafts per sequence and step
-  int32_t draft_min = 0;                     // --draft-min: adaptive k never goes below it
+  int32_t draft_window = 0;  // --draft-window: recent positions a self draft reads (0: all)
+  int32_t draft_max = 4;     // --draft-max: most drafts per sequence and step
+  int32_t draft_min = 0;     // --draft-min: adaptive k never goes below it
 };
 
 struct GenerationOptions {

@@ -89,7 +89,8 @@ void AddSpecFlags(CLI::App* cmd, EngineFlags* f) {
   f->draft_window_flag =
       cmd->add_option("--draft-window", o.draft_window,
                       "--spec-type self: recent positions the draft attends to, besides 16 sink "
-                      "positions (0: the whole context)")
+                      "positions (0: the whole context; a window pays only where the model's "
+                      "attention is local)")
           ->capture_default_str()
           ->check(CLI::Range(0, 1 << 24));
 }

@@ -94,11 +94,13 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
       self.window = spec_.draft_window;
       auto drafter =
           std::make_unique<SelfDrafter>(model_, *spec.view, pool_, runner.mutable_storage(), self);
-      KVS_LOG_INFO(
-          "spec: self-drafting over %s weights (%.0f%% of the target's bytes), "
-          "window %d + %d sink positions",
-          DescribeCompressedView(*spec_.draft_weights).c_str(), 100.0 * drafter->relative_cost(),
-          self.window, SelfDraftOptions::kSinkTokens);
+      const std::string reads = self.window == 0
+                                    ? std::string("its whole KV")
+                                    : StrFormat("%d sink + the last %d positions of its KV",
+                                                SelfDraftOptions::kSinkTokens, self.window);
+      KVS_LOG_INFO("spec: self-drafting over %s weights (%.0f%% of the target's bytes), reading %s",
+                   DescribeCompressedView(*spec_.draft_weights).c_str(),
+                   100.0 * drafter->relative_cost(), reads.c_str());
       if (drafter->relative_cost() > 0.9) {
         KVS_LOG_WARN(
             "spec: the compressed view is hardly smaller than the model (its weights are "

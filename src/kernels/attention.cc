@@ -1,9 +1,11 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -20,6 +22,8 @@ namespace kvs {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Queries that walk a head's key blocks together (attention.h).
+constexpr int kWalkQueries = 32;
 
 int32_t MaxKeys(const int32_t* n_keys, int n) {
   int32_t m = 0;
@@ -331,27 +335,110 @@ class WhitenedKeys {
   ScoreFn<Q> score_;
 };
 
-// Q queries over every key block they need, keys read by KeyPath. o holds Q rows of the output
-// accumulator, each padded to a multiple of 16 floats.
+// The online-softmax state of Q queries (running max m and sum l per query, o: Q rows of the
+// output accumulator, each padded to a multiple of 16 floats), folding in one key block at a
+// time read by KeyPath. A query's arithmetic is the same whatever tile it is in and whatever
+// tiles walk beside it, so decode and the verification of drafts give bit-identical outputs.
 template <int Q, template <int> class KeyPath>
-void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-                const float* coef, const int32_t* n_keys, float* const* out, float* o) {
-  const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
-  const int32_t hv_pad = (hv + 15) / 16 * 16;
-  const int32_t max_keys = MaxKeys(n_keys, Q);
-  const KeyPath<Q> keys(kv, hk, coef);
-  const AccumulateFn<Q> accumulate = AccumulateFor<Q>(kv.v_type);
-  const int32_t v_group = KvGroupSize(kv.v_type, hv);
-  float m[Q], l[Q];
-  for (int i = 0; i < Q; ++i) {
-    m[i] = kNegInf;
-    l[i] = 0.0f;
+class QueryTile {
+ public:
+  QueryTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+            const float* coef, const int32_t* n_keys, float* o)
+      : shape_(shape),
+        kv_(kv),
+        q_(q),
+        n_keys_(n_keys),
+        o_(o),
+        hv_pad_((shape.head_dim_v + 15) / 16 * 16),
+        max_keys_(MaxKeys(n_keys, Q)),
+        keys_(kv, shape.head_dim_k, coef),
+        accumulate_(AccumulateFor<Q>(kv.v_type)),
+        v_group_(KvGroupSize(kv.v_type, shape.head_dim_v)) {
+    for (int i = 0; i < Q; ++i) {
+      m_[i] = kNegInf;
+      l_[i] = 0.0f;
+    }
+    std::fill(o, o + Q * hv_pad_, 0.0f);
   }
-  std::fill(o, o + Q * hv_pad, 0.0f);
-  alignas(64) float p[Q][16];
 
-  const int32_t n_blocks = (max_keys + kKvBlockTokens - 1) / kKvBlockTokens;
-  const size_t k_bytes = KvHeadBlockBytes(kv.k_type, hk), v_bytes = KvHeadBlockBytes(kv.v_type, hv);
+  int32_t n_blocks() const { return (max_keys_ + kKvBlockTokens - 1) / kKvBlockTokens; }
+
+  // Folds in key block blk; blocks past the tile's keys are skipped.
+  void Block(int32_t blk) {
+    if (blk >= n_blocks()) return;
+    __m512 s_raw[Q];
+    keys_.Score(blk, q_, s_raw);
+    // Online softmax: rescale what came before by exp(old max - new max).
+    float alpha[Q];
+    alignas(64) float p[Q][16];
+    for (int i = 0; i < Q; ++i) {
+      const __mmask16 valid = FirstLanes(n_keys_[i] - blk * kKvBlockTokens);
+      if (valid == 0) {
+        alpha[i] = 1.0f;
+        _mm512_store_ps(p[i], _mm512_setzero_ps());
+        continue;
+      }
+      const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid,
+                                          _mm512_mul_ps(s_raw[i], _mm512_set1_ps(shape_.scale)));
+      const float m_new = std::max(m_[i], _mm512_reduce_max_ps(s));
+      // 0 on the first block (m = -inf); exactly 1, without the call, while the max holds.
+      alpha[i] = m_new == m_[i] ? 1.0f : std::exp(m_[i] - m_new);
+      const __m512 pv =
+          _mm512_maskz_mov_ps(valid, simd::ExpNonPositive(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+      l_[i] = l_[i] * alpha[i] + _mm512_reduce_add_ps(pv);
+      m_[i] = m_new;
+      _mm512_store_ps(p[i], pv);
+    }
+    const int32_t n_rows = std::min(kKvBlockTokens, max_keys_ - blk * kKvBlockTokens);
+    accumulate_(kv_.v_type, ValueBlock(kv_, blk), shape_.head_dim_v, v_group_, p, alpha, n_rows, o_,
+                hv_pad_);
+  }
+
+  void Finish(float* const* out) const {
+    for (int i = 0; i < Q; ++i) {
+      const float inv = 1.0f / l_[i];
+      for (int32_t d = 0; d < shape_.head_dim_v; ++d) out[i][d] = o_[i * hv_pad_ + d] * inv;
+    }
+  }
+
+ private:
+  const AttentionShape& shape_;
+  const KvHeadView& kv_;
+  const float* const* q_;
+  const int32_t* n_keys_;
+  float* o_;
+  int32_t hv_pad_, max_keys_;
+  KeyPath<Q> keys_;
+  AccumulateFn<Q> accumulate_;
+  int32_t v_group_;
+  float m_[Q], l_[Q];
+};
+
+// Tiles of four queries (then one of R < 4, when R > 0) walk the key blocks together: a block is
+// fetched once and scored by every tile while it is in L1, so a sequence's k + 1 verification
+// tokens (k + 1 tiles per KV head) read its KV once, not k + 1 times. n <= kWalkQueries; o holds
+// n rows of hv_pad floats.
+template <template <int> class KeyPath, int R>
+void AttendWalk(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+                const float* coef, const int32_t* n_keys, int n, float* const* out, float* o) {
+  const int32_t hv_pad = (shape.head_dim_v + 15) / 16 * 16;
+  const int n4 = n / 4;
+  auto coef_of = [&](int first) {
+    return coef ? coef + static_cast<size_t>(first) * kv.n_rot : nullptr;
+  };
+  std::array<std::optional<QueryTile<4, KeyPath>>, kWalkQueries / 4> tiles;
+  std::optional<QueryTile<R == 0 ? 1 : R, KeyPath>> rest;
+  int32_t n_blocks = 0;
+  for (int t = 0; t < n4; ++t) {
+    tiles[t].emplace(shape, kv, q + 4 * t, coef_of(4 * t), n_keys + 4 * t, o + 4 * t * hv_pad);
+    n_blocks = std::max(n_blocks, tiles[t]->n_blocks());
+  }
+  if constexpr (R > 0) {
+    rest.emplace(shape, kv, q + 4 * n4, coef_of(4 * n4), n_keys + 4 * n4, o + 4 * n4 * hv_pad);
+    n_blocks = std::max(n_blocks, rest->n_blocks());
+  }
+  const size_t k_bytes = KvHeadBlockBytes(kv.k_type, shape.head_dim_k);
+  const size_t v_bytes = KvHeadBlockBytes(kv.v_type, shape.head_dim_v);
   for (int32_t blk = 0; blk < n_blocks; ++blk) {
     // A head's blocks lie n_head_kv head blocks apart at least (pages apart, in table order):
     // the hardware prefetcher does not follow, so fetch the block after next ahead of use.
@@ -359,46 +446,36 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
       PrefetchBytes(KeyBlock(kv, blk + kPrefetchBlocks), k_bytes);
       PrefetchBytes(ValueBlock(kv, blk + kPrefetchBlocks), v_bytes);
     }
-    __m512 s_raw[Q];
-    keys.Score(blk, q, s_raw);
-    // Online softmax: rescale what came before by exp(old max - new max).
-    float alpha[Q];
-    for (int i = 0; i < Q; ++i) {
-      const __mmask16 valid = FirstLanes(n_keys[i] - blk * kKvBlockTokens);
-      if (valid == 0) {
-        alpha[i] = 1.0f;
-        _mm512_store_ps(p[i], _mm512_setzero_ps());
-        continue;
-      }
-      const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid,
-                                          _mm512_mul_ps(s_raw[i], _mm512_set1_ps(shape.scale)));
-      const float m_new = std::max(m[i], _mm512_reduce_max_ps(s));
-      alpha[i] = std::exp(m[i] - m_new);  // 0 on the first block (m = -inf)
-      const __m512 pv =
-          _mm512_maskz_mov_ps(valid, simd::ExpNonPositive(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-      l[i] = l[i] * alpha[i] + _mm512_reduce_add_ps(pv);
-      m[i] = m_new;
-      _mm512_store_ps(p[i], pv);
-    }
-    const int32_t n_rows = std::min(kKvBlockTokens, max_keys - blk * kKvBlockTokens);
-    accumulate(kv.v_type, ValueBlock(kv, blk), hv, v_group, p, alpha, n_rows, o, hv_pad);
+    for (int t = 0; t < n4; ++t) tiles[t]->Block(blk);
+    if constexpr (R > 0) rest->Block(blk);
   }
-  for (int i = 0; i < Q; ++i) {
-    const float inv = 1.0f / l[i];
-    for (int32_t d2 = 0; d2 < hv; ++d2) out[i][d2] = o[i * hv_pad + d2] * inv;
+  for (int t = 0; t < n4; ++t) tiles[t]->Finish(out + 4 * t);
+  if constexpr (R > 0) rest->Finish(out + 4 * n4);
+}
+
+using WalkFn = void (*)(const AttentionShape&, const KvHeadView&, const float* const*, const float*,
+                        const int32_t*, int, float* const*, float*);
+
+template <template <int> class KeyPath>
+WalkFn WalkWithRest(int rest) {
+  switch (rest) {
+    case 1:
+      return &AttendWalk<KeyPath, 1>;
+    case 2:
+      return &AttendWalk<KeyPath, 2>;
+    case 3:
+      return &AttendWalk<KeyPath, 3>;
+    default:
+      return &AttendWalk<KeyPath, 0>;
   }
 }
 
-template <int Q>
-using TileFn = void (*)(const AttentionShape&, const KvHeadView&, const float* const*, const float*,
-                        const int32_t*, float* const*, float*);
-
-// The tile for the head's key coding: whitened, less a RoPE-turned offset, or as stored.
-template <int Q>
-TileFn<Q> TileFor(const KvHeadView& kv) {
-  if (kv.k_whitening != nullptr) return &AttendTile<Q, WhitenedKeys>;
-  if (kv.k_offset != nullptr) return &AttendTile<Q, RopeOffsetKeys>;
-  return &AttendTile<Q, PlainKeys>;
+// The walk for the head's key coding (whitened, less a RoPE-turned offset, or as stored) and
+// for n queries.
+WalkFn WalkFor(const KvHeadView& kv, int n) {
+  if (kv.k_whitening != nullptr) return WalkWithRest<WhitenedKeys>(n % 4);
+  if (kv.k_offset != nullptr) return WalkWithRest<RopeOffsetKeys>(n % 4);
+  return WalkWithRest<PlainKeys>(n % 4);
 }
 
 #else  // portable: the same online softmax, one query and one key at a time
@@ -419,11 +496,10 @@ float PortableScore(const KvHeadView& kv, int32_t hk, const float* q, const floa
   return s;
 }
 
-template <int Q>
-void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-                const float* coef, const int32_t* n_keys, float* const* out, float* o) {
+void AttendEach(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+                const float* coef, const int32_t* n_keys, int n, float* const* out, float* o) {
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
-  for (int i = 0; i < Q; ++i) {
+  for (int i = 0; i < n; ++i) {
     float m = kNegInf, l = 0.0f;
     std::fill(o, o + hv, 0.0f);
     for (int32_t j = 0; j < n_keys[i]; ++j) {
@@ -442,13 +518,11 @@ void AttendTile(const AttentionShape& shape, const KvHeadView& kv, const float* 
   }
 }
 
-template <int Q>
-using TileFn = void (*)(const AttentionShape&, const KvHeadView&, const float* const*, const float*,
-                        const int32_t*, float* const*, float*);
+using WalkFn = void (*)(const AttentionShape&, const KvHeadView&, const float* const*, const float*,
+                        const int32_t*, int, float* const*, float*);
 
-template <int Q>
-TileFn<Q> TileFor(const KvHeadView&) {
-  return &AttendTile<Q>;
+WalkFn WalkFor(const KvHeadView&, int) {
+  return &AttendEach;
 }
 
 #endif
@@ -473,8 +547,7 @@ void RopeFromTable(const float* table, int32_t n_rot, int32_t pos, float* cos_si
 
 void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q_in,
             const int32_t* n_keys, int n_queries, float* const* out) {
-  constexpr int kTile = 4;
-  const size_t o_floats = kTile * static_cast<size_t>((shape.head_dim_v + 15) / 16 * 16);
+  const size_t o_floats = kWalkQueries * static_cast<size_t>((shape.head_dim_v + 15) / 16 * 16);
   thread_local AlignedPtr<float> o_buffer;
   thread_local size_t o_capacity = 0;
   if (o_floats > o_capacity) {
@@ -514,26 +587,10 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
     }
     q = q_pointers.data();
   }
-  int i = 0;
-  auto coef_of = [&](int first) {
-    return coef ? coef + static_cast<size_t>(first) * kv.n_rot : nullptr;
-  };
-  const TileFn<kTile> tile = TileFor<kTile>(kv);
-  for (; i + kTile <= n_queries; i += kTile) {
-    tile(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
-  }
-  switch (n_queries - i) {
-    case 3:
-      TileFor<3>(kv)(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
-      break;
-    case 2:
-      TileFor<2>(kv)(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
-      break;
-    case 1:
-      TileFor<1>(kv)(shape, kv, q + i, coef_of(i), n_keys + i, out + i, o);
-      break;
-    default:
-      break;
+  for (int i = 0; i < n_queries; i += kWalkQueries) {
+    const int n = std::min(kWalkQueries, n_queries - i);
+    WalkFor(kv, n)(shape, kv, q + i, coef ? coef + static_cast<size_t>(i) * kv.n_rot : nullptr,
+                   n_keys + i, n, out + i, o);
   }
   // Values stored rotated give a rotated weighted sum: rotate it back.
   if (KvTypeIsRotated(kv.v_type)) {

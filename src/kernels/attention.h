@@ -65,9 +65,10 @@ struct AttentionShape {
 };
 
 // out[i][0, head_dim_v) = softmax_j(scale * q[i].k[j]) . v[j] over keys j < n_keys[i], for
-// i < n_queries. Queries that see similar numbers of keys should be adjacent: a tile of four
-// walks the key blocks together. n_keys[i] >= 1; keys up to the largest n_keys must have been
-// written (values past a query's own n_keys get weight exactly 0, never a NaN from garbage).
+// i < n_queries. Queries that see similar numbers of keys should be adjacent: up to 32 of them
+// (tiles of four) walk the key blocks together, each block read from memory once for them all.
+// n_keys[i] >= 1; keys up to the largest n_keys must have been written (values past a query's own
+// n_keys get weight exactly 0, never a NaN from garbage).
 void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
             const int32_t* n_keys, int n_queries, float* const* out);
 

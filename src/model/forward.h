@@ -18,7 +18,7 @@ namespace kvs {
 class ForwardPass {
  public:
   // Attention queries per pool job (a multiple of the kernel's tile of four).
-  static constexpr int32_t kQueriesPerJob = 16;
+  static constexpr int32_t kQueriesPerJob = 32;
 
   ForwardPass(const Model& model, ThreadPool& pool);
 

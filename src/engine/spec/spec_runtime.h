@@ -26,7 +26,7 @@ struct SpecOptions {
   // self: what the view's matrices are re-quantized to (--draft-weights); unset: the default
   // for the target's type (DefaultDraftWeightsType for every matrix).
   std::optional<CompressedViewOptions> draft_weights;
-  int32_t draft_window = 512;  // self: --draft-window (0: the whole context)
+  int32_t draft_window = 0;  // self: --draft-window (0: the whole context)
   NgramOptions ngram;
 };
 
