@@ -111,6 +111,14 @@ double MaxError(const TestHead& head, const std::vector<int32_t>& n_keys, uint32
       });
 }
 
+// n queries, group_size at a time seeing one more key than the group before, the last `last`:
+// the key counts of a sequence's tokens x its KV head's query heads.
+std::vector<int32_t> Staggered(int n, int group_size, int32_t last) {
+  std::vector<int32_t> n_keys(n);
+  for (int i = 0; i < n; ++i) n_keys[i] = last - (n - 1 - i) / group_size;
+  return n_keys;
+}
+
 // Outputs are convex combinations of N(0, 1) values, so an absolute bound is a relative one.
 constexpr double kTolerance = 2e-5;
 
@@ -126,7 +134,11 @@ TEST(Attention, MatchesReferenceOverHeadSizesAndKeyCounts) {
                                                         {5, 6, 7, 8},
                                                         {1, 40, 2, 300},
                                                         {31, 32, 33, 34, 35},
-                                                        {100, 100, 100, 100, 100, 100, 100}};
+                                                        {100, 100, 100, 100, 100, 100, 100},
+                                                        // A verification's 5 tokens x 4 heads,
+                                                        // and more queries than one walk takes.
+                                                        Staggered(20, 4, 280),
+                                                        Staggered(37, 2, 200)};
   uint32_t seed = 1;
   for (auto [hk, hv] : dims) {
     TestHead head(hk, hv, 300, ++seed);
@@ -134,6 +146,26 @@ TEST(Attention, MatchesReferenceOverHeadSizesAndKeyCounts) {
       SCOPED_TRACE("hk " + std::to_string(hk) + " hv " + std::to_string(hv) + " first n_keys " +
                    std::to_string(n_keys[0]) + " queries " + std::to_string(n_keys.size()));
       EXPECT_LT(MaxError(head, n_keys, ++seed), kTolerance);
+    }
+  }
+}
+
+TEST(Attention, AQuerysOutputDoesNotDependOnItsNeighbours) {
+  // Decode attends one token's queries; verification attends k + 1 tokens' together. Greedy
+  // output with speculation equals it without only if each query's result is bit-identical.
+  for (KvType t : {KvType::kF16, KvType::kQ4_0}) {
+    TestHead head(64, 64, 300, 11, 1.0f, t, t);
+    const std::vector<int32_t> n_keys = Staggered(20, 4, 290);
+    const Queries q(20, 64, 12, 1.0f);
+    const AttentionShape shape = ShapeOf(head);
+    std::vector<float> together(20 * 64), alone(64);
+    std::vector<float*> rows(20);
+    for (int i = 0; i < 20; ++i) rows[i] = together.data() + i * 64;
+    Attend(shape, head.view, q.qp.data(), n_keys.data(), 20, rows.data());
+    for (int i = 0; i < 20; ++i) {
+      float* out = alone.data();
+      Attend(shape, head.view, q.qp.data() + i, n_keys.data() + i, 1, &out);
+      for (int d = 0; d < 64; ++d) ASSERT_EQ(alone[d], together[i * 64 + d]) << "query " << i;
     }
   }
 }
