@@ -101,6 +101,24 @@ void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
   }
 }
 
+void MoveKvSlot(const KvLayerView& layer, int64_t src, int64_t dst) {
+  if (src == dst) return;
+  const size_t kh = layer.k_head_bytes(), vh = layer.v_head_bytes();
+  const auto at = [](int64_t slot, size_t stride, uint8_t* base) {
+    return base + static_cast<size_t>(slot / kKvBlockTokens) * stride;
+  };
+  uint8_t* ks = at(src, layer.k_block_stride(), layer.k);
+  uint8_t* kd = at(dst, layer.k_block_stride(), layer.k);
+  uint8_t* vs = at(src, layer.v_block_stride(), layer.v);
+  uint8_t* vd = at(dst, layer.v_block_stride(), layer.v);
+  const int32_t ps = static_cast<int32_t>(src % kKvBlockTokens);
+  const int32_t pd = static_cast<int32_t>(dst % kKvBlockTokens);
+  for (int32_t h = 0; h < layer.n_head_kv; ++h) {
+    MoveKey(layer.k_type, ks + h * kh, ps, kd + h * kh, pd, layer.head_dim_k);
+    MoveValue(layer.v_type, vs + h * vh, ps, vd + h * vh, pd, layer.head_dim_v);
+  }
+}
+
 void CopyKvBlocks(const KvLayerView& layer, int64_t src, int64_t dst, int32_t n) {
   const size_t ks = layer.k_block_stride(), vs = layer.v_block_stride();
   std::memmove(layer.k + static_cast<size_t>(dst) * ks, layer.k + static_cast<size_t>(src) * ks,

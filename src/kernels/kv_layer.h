@@ -101,6 +101,11 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t pos, const float* k
 void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
                    std::vector<float>* rows);
 
+// Moves the K/V of slot src to slot dst, every head of one layer, as bytes (codes and scales,
+// never requantized: MoveKey/MoveValue). The key keeps the RoPE position it was written at, which
+// attention must be told (BatchSequence::key_positions). What compaction does per kept slot.
+void MoveKvSlot(const KvLayerView& layer, int64_t src, int64_t dst);
+
 // Copies n kernel blocks starting at src to the n starting at dst (one layer). The ranges may
 // overlap: compaction moves a run of blocks down over its own tail.
 void CopyKvBlocks(const KvLayerView& layer, int64_t src, int64_t dst, int32_t n);

@@ -407,6 +407,34 @@ void StoreValue(KvType t, uint8_t* head_block, int32_t n, int32_t pos, const flo
   for (int32_t j = 0; g != 0 && j < n / g; ++j) PutScale(scale_base, pos * (n / g) + j, scales[j]);
 }
 
+void MoveKey(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
+             int32_t dst_pos, int32_t n) {
+  if (src_block == dst_block && src_pos == dst_pos) return;
+  const size_t row_bytes = KeyRowBytes(t);
+  for (int32_t d = 0; d < n; ++d) {
+    const uint32_t code = GetCode(t, src_block + d * row_bytes, 16, src_pos);
+    PutCode(t, {dst_block + d * row_bytes, 16, dst_pos}, code);
+  }
+  const int32_t g = KvGroupSize(t, n);
+  for (int32_t j = 0; g != 0 && j < n / g; ++j) {
+    uint16_t h;
+    std::memcpy(&h, src_block + n * row_bytes + 2 * (j * 16 + src_pos), 2);
+    PutScale(dst_block + n * row_bytes, j * 16 + dst_pos, h);
+  }
+}
+
+void MoveValue(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
+               int32_t dst_pos, int32_t n) {
+  if (src_block == dst_block && src_pos == dst_pos) return;
+  const size_t row_bytes = KvValueRowBytes(t, n);
+  std::memmove(dst_block + dst_pos * row_bytes, src_block + src_pos * row_bytes, row_bytes);
+  const int32_t g = KvGroupSize(t, n);
+  if (g == 0) return;
+  const size_t scale_bytes = 2 * static_cast<size_t>(n / g);
+  std::memmove(dst_block + 16 * row_bytes + dst_pos * scale_bytes,
+               src_block + 16 * row_bytes + src_pos * scale_bytes, scale_bytes);
+}
+
 float LoadKey(KvType t, const uint8_t* head_block, int32_t n, int32_t dim, int32_t pos) {
   const size_t row_bytes = KeyRowBytes(t);
   const float v = CodeValue(t, GetCode(t, head_block + dim * row_bytes, 16, pos));

@@ -14,6 +14,14 @@ namespace kvs {
 void StoreKey(KvType t, uint8_t* head_block, int32_t head_dim, int32_t pos, const float* x);
 void StoreValue(KvType t, uint8_t* head_block, int32_t head_dim, int32_t pos, const float* x);
 
+// Copies the stored key (or value) of position src_pos of one head block to position dst_pos of
+// another (or the same), as codes and scales: bytes, never requantized, so a moved key reads back
+// exactly as it did. What compaction does to the keys it keeps.
+void MoveKey(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
+             int32_t dst_pos, int32_t head_dim);
+void MoveValue(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
+               int32_t dst_pos, int32_t head_dim);
+
 // The stored element (dim, pos), dequantized; for rotated types in the rotated basis.
 float LoadKey(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t dim, int32_t pos);
 float LoadValue(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t pos, int32_t dim);

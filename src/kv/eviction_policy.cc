@@ -1,0 +1,110 @@
+#include "kv/eviction_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace kvs {
+
+Status StreamingPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
+  if (static_cast<int32_t>(scores.size()) != input.n_slots ||
+      static_cast<int32_t>(input.positions.size()) != input.n_slots) {
+    return Status::Error("streaming: scores and positions must cover every slot");
+  }
+  for (int32_t i = 0; i < input.n_slots; ++i) scores[i] = static_cast<float>(input.positions[i]);
+  return Status::Ok();
+}
+
+Status KeyDiffPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
+  const int64_t per_slot = int64_t{input.n_head_kv} * input.head_dim;
+  if (static_cast<int32_t>(scores.size()) != input.n_slots || per_slot <= 0 ||
+      static_cast<int64_t>(input.keys.size()) != per_slot * input.n_slots) {
+    return Status::Error("keydiff: needs every slot's keys ([slots][heads][head_dim])");
+  }
+  std::fill(scores.begin(), scores.end(), 0.0f);
+  std::vector<double> mean(input.head_dim);
+  for (int32_t h = 0; h < input.n_head_kv; ++h) {
+    std::fill(mean.begin(), mean.end(), 0.0);
+    for (int32_t i = 0; i < input.n_slots; ++i) {
+      const float* k = input.keys.data() + i * per_slot + int64_t{h} * input.head_dim;
+      for (int32_t d = 0; d < input.head_dim; ++d) mean[d] += k[d];
+    }
+    double mean_norm = 0.0;
+    for (double m : mean) mean_norm += m * m;
+    mean_norm = std::sqrt(mean_norm);
+    for (int32_t i = 0; i < input.n_slots; ++i) {
+      const float* k = input.keys.data() + i * per_slot + int64_t{h} * input.head_dim;
+      double dot = 0.0, norm = 0.0;
+      for (int32_t d = 0; d < input.head_dim; ++d) {
+        dot += k[d] * mean[d];
+        norm += static_cast<double>(k[d]) * k[d];
+      }
+      const double denom = std::sqrt(norm) * mean_norm;
+      const double cosine = denom > 0.0 ? dot / denom : 0.0;
+      scores[i] += static_cast<float>((1.0 - cosine) / input.n_head_kv);
+    }
+  }
+  return Status::Ok();
+}
+
+Expected<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name) {
+  if (name == "streaming") return std::unique_ptr<EvictionPolicy>(new StreamingPolicy());
+  if (name == "keydiff") return std::unique_ptr<EvictionPolicy>(new KeyDiffPolicy());
+  return Status::Error("--evict-policy '" + std::string(name) +
+                       "': expected streaming (sinks + recent window) or keydiff (keys least "
+                       "like the mean key)");
+}
+
+Expected<std::vector<int32_t>> SelectKept(std::span<const float> scores, int32_t budget,
+                                          const EvictionGuard& guard, int32_t frozen) {
+  const int32_t n = static_cast<int32_t>(scores.size());
+  if (guard.sink < 0 || guard.window < 0 || frozen < 0) {
+    return Status::Error("eviction: sink, window and frozen slots must be >= 0");
+  }
+  if (budget < guard.sink + guard.window) {
+    return Status::Error(
+        StrFormat("--kv-budget %d: must be at least --kv-sink + --kv-window (%d + %d)", budget,
+                  guard.sink, guard.window));
+  }
+  std::vector<int32_t> kept;
+  if (budget >= n) {
+    kept.resize(n);
+    std::iota(kept.begin(), kept.end(), 0);
+    return kept;
+  }
+  if (frozen > budget) {
+    return Status::Error(StrFormat(
+        "eviction: %d shared slots cannot be evicted, more than the budget of %d", frozen, budget));
+  }
+  std::vector<char> keep(n, 0);
+  int32_t n_kept = 0;
+  auto mark = [&](int32_t i) {
+    if (!keep[i]) keep[i] = 1, ++n_kept;
+  };
+  for (int32_t i = 0; i < std::min(n, frozen); ++i) mark(i);
+  for (int32_t i = 0; i < std::min(n, guard.sink); ++i) mark(i);
+  for (int32_t i = std::max(0, n - guard.window); i < n; ++i) mark(i);
+  std::vector<int32_t> rest;
+  for (int32_t i = 0; i < n; ++i) {
+    if (!keep[i]) rest.push_back(i);
+  }
+  // Best score first; among equals the later slot (the more recent token). A NaN score (a
+  // policy fed a broken key) ranks last rather than breaking the sort's ordering.
+  auto score = [&](int32_t i) {
+    return std::isnan(scores[i]) ? -std::numeric_limits<float>::infinity() : scores[i];
+  };
+  std::sort(rest.begin(), rest.end(), [&](int32_t a, int32_t b) {
+    return score(a) != score(b) ? score(a) > score(b) : a > b;
+  });
+  for (int32_t i : rest) {
+    if (n_kept >= budget) break;
+    mark(i);
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    if (keep[i]) kept.push_back(i);
+  }
+  return kept;
+}
+
+}  // namespace kvs
