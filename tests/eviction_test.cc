@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 
+#include "kernels/attention.h"
 #include "kernels/kv_layer.h"
 #include "kernels/kv_quant.h"
 #include "kv/compaction.h"
@@ -127,7 +128,83 @@ TEST(KeyDiffPolicy, MatchesItsScalarTwinAndKeepsTheOddKeysOut) {
   EXPECT_FALSE(policy.Score({n, positions, short_keys, heads, dim}, scores).ok());
 }
 
+TEST(H2oPolicy, KeepsTheHeavyHitters) {
+  const std::vector<int32_t> positions = Iota(12);
+  std::vector<float> mass(12, 0.01f);
+  mass[3] = 0.9f;
+  mass[7] = 0.5f;
+  mass[5] = 0.2f;
+  std::vector<float> scores(12);
+  H2oPolicy policy;
+  ASSERT_TRUE(policy.needs_attention());
+  EvictionInput input{12, positions, {}, 0, 0, mass};
+  ASSERT_TRUE(policy.Score(input, scores).ok());
+  EXPECT_EQ(*SelectKept(scores, 5, {1, 1}), (std::vector<int32_t>{0, 3, 5, 7, 11}));
+  input.attention_mass = std::span(mass).first(11);
+  EXPECT_FALSE(policy.Score(input, scores).ok()) << "mass that does not cover every slot";
+}
+
+TEST(SnapKvPolicy, PoolsTheObservedAttentionOverNeighbours) {
+  const int32_t n = 10;
+  const std::vector<int32_t> positions = Iota(n);
+  std::vector<float> mass(n, 0.0f);
+  mass[5] = 7.0f;
+  std::vector<float> scores(n);
+  SnapKvPolicy policy;
+  ASSERT_TRUE(policy.Score({n, positions, {}, 0, 0, mass}, scores).ok());
+  // A centred window of 7 (clipped at the ends): slots 2..8 see slot 5's mass.
+  const std::vector<float> expected = {0, 0, 7.f / 6, 1, 1, 1, 1, 7.f / 6, 7.f / 5, 0};
+  for (int32_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(scores[i], expected[i]) << "slot " << i;
+}
+
+TEST(AttentionMass, IsEachQuerysSoftmaxSummed) {
+  // f32 keys, plain: the twin is softmax written out.
+  const int32_t hk = 16, n_keys_max = 40;
+  const size_t k_bytes = KvHeadBlockBytes(KvType::kF32, hk);
+  std::vector<uint8_t> k_pool(3 * k_bytes), v_pool(3 * k_bytes);
+  std::vector<int32_t> ids = {2, 0, 1};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<std::vector<float>> keys(n_keys_max, std::vector<float>(hk));
+  for (int32_t j = 0; j < n_keys_max; ++j) {
+    for (float& x : keys[j]) x = dist(rng);
+    StoreKey(KvType::kF32, k_pool.data() + ids[j / 16] * k_bytes, hk, j % 16, keys[j].data());
+    StoreValue(KvType::kF32, v_pool.data() + ids[j / 16] * k_bytes, hk, j % 16, keys[j].data());
+  }
+  KvHeadView kv{k_pool.data(), v_pool.data(), k_bytes,     k_bytes,
+                ids.data(),    KvType::kF32,  KvType::kF32};
+  std::vector<float> q0(hk), q1(hk);
+  for (float& x : q0) x = dist(rng);
+  for (float& x : q1) x = dist(rng);
+  const float* q[] = {q0.data(), q1.data()};
+  const int32_t n_keys[] = {40, 25};
+  const AttentionShape shape{hk, hk, 0.25f};
+  std::vector<float> mass(n_keys_max, 0.0f);
+  AttentionMass(shape, kv, q, n_keys, 2, mass.data());
+  std::vector<double> twin(n_keys_max, 0.0);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<double> s(n_keys[i]);
+    double mx = -1e300, sum = 0;
+    for (int32_t j = 0; j < n_keys[i]; ++j) {
+      double dot = 0;
+      for (int32_t d = 0; d < hk; ++d) dot += static_cast<double>(q[i][d]) * keys[j][d];
+      s[j] = 0.25 * dot;
+      mx = std::max(mx, s[j]);
+    }
+    for (double& x : s) sum += (x = std::exp(x - mx));
+    for (int32_t j = 0; j < n_keys[i]; ++j) twin[j] += s[j] / sum;
+  }
+  double total = 0;
+  for (int32_t j = 0; j < n_keys_max; ++j) {
+    EXPECT_NEAR(mass[j], twin[j], 1e-6) << "key " << j;
+    total += mass[j];
+  }
+  EXPECT_NEAR(total, 2.0, 1e-5);
+}
+
 TEST(MakeEvictionPolicy, KnownNamesAndAHelpfulError) {
+  EXPECT_EQ((*MakeEvictionPolicy("h2o"))->name(), "h2o");
+  EXPECT_EQ((*MakeEvictionPolicy("snapkv"))->name(), "snapkv");
   EXPECT_EQ((*MakeEvictionPolicy("streaming"))->name(), "streaming");
   EXPECT_EQ((*MakeEvictionPolicy("keydiff"))->name(), "keydiff");
   auto bad = MakeEvictionPolicy("lru");

@@ -598,41 +598,62 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
   }
 }
 
+namespace {
+
+// Query q's softmax over its n_keys keys, in double, by the head's key coding.
+std::vector<double> SoftmaxReference(const AttentionShape& shape, const KvHeadView& kv,
+                                     const float* q, int32_t n_keys) {
+  KVS_CHECK(n_keys >= 1);
+  const int32_t hk = shape.head_dim_k;
+  std::vector<float> qi(q, q + hk), coef(kv.n_rot);
+  if (kv.k_offset != nullptr) OffsetCoefficients(kv, q, coef.data());
+  const bool whitened = kv.k_whitening != nullptr;
+  if (KvTypeIsRotated(kv.k_type) && !whitened) RotateForward(qi.data(), hk);
+  std::vector<double> s(static_cast<size_t>(n_keys));
+  std::vector<float> key(hk);
+  for (int32_t j = 0; j < n_keys; ++j) {
+    const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
+    if (whitened) {
+      LoadWhitenedKey(kv, hk, j, key.data());
+    } else {
+      for (int32_t d = 0; d < hk; ++d) key[d] = LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
+    }
+    double dot = 0.0;
+    for (int32_t d = 0; d < hk; ++d) dot += static_cast<double>(qi[d]) * key[d];
+    if (kv.k_offset != nullptr) dot += OffsetScore(kv, coef.data(), j);
+    s[j] = dot * shape.scale;
+  }
+  const double mx = *std::max_element(s.begin(), s.end());
+  double sum = 0.0;
+  for (double& x : s) sum += (x = std::exp(x - mx));
+  for (double& x : s) x /= sum;
+  return s;
+}
+
+}  // namespace
+
 void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
                      const int32_t* n_keys, int n_queries, float* const* out) {
-  const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
+  const int32_t hv = shape.head_dim_v;
   for (int i = 0; i < n_queries; ++i) {
-    KVS_CHECK(n_keys[i] >= 1);
-    std::vector<float> qi(q[i], q[i] + hk), coef(kv.n_rot);
-    if (kv.k_offset != nullptr) OffsetCoefficients(kv, q[i], coef.data());
-    const bool whitened = kv.k_whitening != nullptr;
-    if (KvTypeIsRotated(kv.k_type) && !whitened) RotateForward(qi.data(), hk);
-    std::vector<double> s(static_cast<size_t>(n_keys[i]));
-    std::vector<float> key(hk);
-    for (int32_t j = 0; j < n_keys[i]; ++j) {
-      const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
-      if (whitened) {
-        LoadWhitenedKey(kv, hk, j, key.data());
-      } else {
-        for (int32_t d = 0; d < hk; ++d) key[d] = LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
-      }
-      double dot = 0.0;
-      for (int32_t d = 0; d < hk; ++d) dot += static_cast<double>(qi[d]) * key[d];
-      if (kv.k_offset != nullptr) dot += OffsetScore(kv, coef.data(), j);
-      s[j] = dot * shape.scale;
-    }
-    const double mx = *std::max_element(s.begin(), s.end());
-    double sum = 0.0;
-    for (double& x : s) sum += (x = std::exp(x - mx));
+    const std::vector<double> p = SoftmaxReference(shape, kv, q[i], n_keys[i]);
     for (int32_t d = 0; d < hv; ++d) {
       double acc = 0.0;
       for (int32_t j = 0; j < n_keys[i]; ++j) {
-        acc += s[j] *
+        acc += p[j] *
                LoadValue(kv.v_type, ValueBlock(kv, j / kKvBlockTokens), hv, j % kKvBlockTokens, d);
       }
-      out[i][d] = static_cast<float>(acc / sum);
+      out[i][d] = static_cast<float>(acc);
     }
     if (KvTypeIsRotated(kv.v_type)) RotateBack(out[i], hv);
+  }
+}
+
+void AttentionMass(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+                   const int32_t* n_keys, int n_queries, float* mass) {
+  for (int i = 0; i < n_queries; ++i) {
+    const std::vector<double> p = SoftmaxReference(shape, kv, q[i], n_keys[i]);
+    for (int32_t j = 0; j < n_keys[i]; ++j) mass[j] += static_cast<float>(p[j]);
   }
 }
 

@@ -77,6 +77,13 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
 void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
                      const int32_t* n_keys, int n_queries, float* const* out);
 
+// mass[j] += sum over queries i of softmax_i(j), for j < n_keys[i]: the attention each key
+// receives, what eviction's h2o and snapkv policies score by (kv/eviction_policy.h). Computed
+// in double at scalar speed from the head's key coding (the reference's softmax): a cost paid
+// where a policy asks for it (an observation window at the end of a prefill), not per step.
+void AttentionMass(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
+                   const int32_t* n_keys, int n_queries, float* mass);
+
 // Logical block i of one head: the head blocks of its keys and values.
 inline const uint8_t* KeyBlock(const KvHeadView& kv, int32_t i) {
   return kv.k_base + static_cast<size_t>(kv.block_ids[i]) * kv.k_block_stride;

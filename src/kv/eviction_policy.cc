@@ -48,12 +48,45 @@ Status KeyDiffPolicy::Score(const EvictionInput& input, std::span<float> scores)
   return Status::Ok();
 }
 
+namespace {
+
+Status CheckMass(const EvictionInput& input, std::span<float> scores, const char* policy) {
+  if (static_cast<int32_t>(scores.size()) != input.n_slots ||
+      static_cast<int32_t>(input.attention_mass.size()) != input.n_slots) {
+    return Status::Error(StrFormat("%s: needs the attention every slot received", policy));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status H2oPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
+  KVS_RETURN_IF_ERROR(CheckMass(input, scores, "h2o"));
+  std::copy(input.attention_mass.begin(), input.attention_mass.end(), scores.begin());
+  return Status::Ok();
+}
+
+Status SnapKvPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
+  KVS_RETURN_IF_ERROR(CheckMass(input, scores, "snapkv"));
+  const int32_t n = input.n_slots, half = kPool / 2;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t lo = std::max(0, i - half), hi = std::min(n - 1, i + half);
+    double sum = 0.0;
+    for (int32_t j = lo; j <= hi; ++j) sum += input.attention_mass[j];
+    scores[i] = static_cast<float>(sum / (hi - lo + 1));
+  }
+  return Status::Ok();
+}
+
 Expected<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name) {
   if (name == "streaming") return std::unique_ptr<EvictionPolicy>(new StreamingPolicy());
   if (name == "keydiff") return std::unique_ptr<EvictionPolicy>(new KeyDiffPolicy());
+  if (name == "h2o") return std::unique_ptr<EvictionPolicy>(new H2oPolicy());
+  if (name == "snapkv") return std::unique_ptr<EvictionPolicy>(new SnapKvPolicy());
   return Status::Error("--evict-policy '" + std::string(name) +
-                       "': expected streaming (sinks + recent window) or keydiff (keys least "
-                       "like the mean key)");
+                       "': expected streaming (sinks + recent window), h2o (attention "
+                       "received), snapkv (attention of the prompt's last tokens, pooled) or "
+                       "keydiff (keys least like the mean key)");
 }
 
 Expected<std::vector<int32_t>> SelectKept(std::span<const float> scores, int32_t budget,

@@ -31,6 +31,9 @@ struct EvictionInput {
   std::span<const float> keys;
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
+  // [n_slots] the attention each slot received, summed over the queries and heads the engine
+  // observed (AttentionMass), for policies that read it (needs_attention); empty otherwise.
+  std::span<const float> attention_mass;
 };
 
 class EvictionPolicy {
@@ -38,6 +41,7 @@ class EvictionPolicy {
   virtual ~EvictionPolicy() = default;
   virtual std::string_view name() const = 0;
   virtual bool needs_keys() const { return false; }
+  virtual bool needs_attention() const { return false; }
   // scores[n_slots]: higher is kept first. Sinks and window are kept whatever their score.
   virtual Status Score(const EvictionInput& input, std::span<float> scores) const = 0;
 };
@@ -55,6 +59,25 @@ class KeyDiffPolicy final : public EvictionPolicy {
  public:
   std::string_view name() const override { return "keydiff"; }
   bool needs_keys() const override { return true; }
+  Status Score(const EvictionInput& input, std::span<float> scores) const override;
+};
+
+// H2O (heavy hitters): keep the slots that received the most attention, accumulated over the
+// queries observed (decode steps).
+class H2oPolicy final : public EvictionPolicy {
+ public:
+  std::string_view name() const override { return "h2o"; }
+  bool needs_attention() const override { return true; }
+  Status Score(const EvictionInput& input, std::span<float> scores) const override;
+};
+
+// SnapKV: the attention an observation window of the last prompt tokens gave each slot, pooled
+// over neighbouring slots (a centred average of kPool), so that kept keys come with context.
+class SnapKvPolicy final : public EvictionPolicy {
+ public:
+  static constexpr int32_t kPool = 7;
+  std::string_view name() const override { return "snapkv"; }
+  bool needs_attention() const override { return true; }
   Status Score(const EvictionInput& input, std::span<float> scores) const override;
 };
 
