@@ -63,7 +63,8 @@ void AddSpecFlags(CLI::App* cmd, EngineFlags* f) {
   kvserve::EngineOptions& o = f->options;
   cmd->add_option("--spec-type", o.spec_type,
                   "Speculative decoding: none, draft (a draft model, -md), ngram (prompt lookup), "
-                  "self (the model's own re-quantized weights over a window of its KV); the "
+                  "self (the model's own re-quantized weights over its KV, or a window of it: "
+                  "--draft-window); the "
                   "output stays the model's own")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "draft", "ngram", "self"}));

@@ -161,11 +161,15 @@ inline __m512 ValueLaneScale(const float* row_scales, int32_t c, int32_t group, 
   return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(row_scales[c / 8]), _mm512_set1_ps(hi));
 }
 
-// o[i] = alpha[i] * o[i] + sum_j p[i][j] * v[j] over the block's first n_rows value rows, 64
-// output dims at a time. o rows are padded to hv_pad floats.
+// o[i] = alpha[i] * o[i] + sum_j p[i][j] * v[j] over the block's first rows[i] value rows
+// (n_rows: the largest), 64 output dims at a time. o rows are padded to hv_pad floats. Rows past
+// a query's own are skipped, not added with weight 0: a value the type stores as Inf (an f16
+// overflow) of a later key would make 0 * Inf = NaN for a query that never sees that key, and
+// its output would then depend on the queries beside it.
 template <class Codec, int Q>
 void AccumulateBlock(KvType t, const uint8_t* vb, int32_t hv, int32_t group, const float (*p)[16],
-                     const float* alpha, int32_t n_rows, float* o, int32_t hv_pad) {
+                     const float* alpha, const int32_t* rows, int32_t n_rows, float* o,
+                     int32_t hv_pad) {
   const Codec codec = MakeCodec<Codec>(t);
   const size_t row_bytes = static_cast<size_t>(hv) * Codec::kBits / 8;
   const int32_t n_groups = group == 0 ? 0 : hv / group;
@@ -197,8 +201,9 @@ void AccumulateBlock(KvType t, const uint8_t* vb, int32_t hv, int32_t group, con
       }
       for (int i = 0; i < Q; ++i) {
         const __m512 pj = _mm512_set1_ps(p[i][j]);
+        const __mmask16 live = j < rows[i] ? 0xffff : 0;
         for (int v = 0; v < 4; ++v) {
-          if (v < n_vec) acc[i][v] = _mm512_fmadd_ps(pj, vr[v], acc[i][v]);
+          if (v < n_vec) acc[i][v] = _mm512_mask3_fmadd_ps(pj, vr[v], acc[i][v], live);
         }
       }
     }
@@ -214,7 +219,7 @@ template <int Q>
 using ScoreFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const float* const*, __m512*);
 template <int Q>
 using AccumulateFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const float (*)[16],
-                              const float*, int32_t, float*, int32_t);
+                              const float*, const int32_t*, int32_t, float*, int32_t);
 
 using DecodeWhitenedFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const KvHeadView&,
                                   int32_t, float*);
@@ -370,8 +375,10 @@ class QueryTile {
     keys_.Score(blk, q_, s_raw);
     // Online softmax: rescale what came before by exp(old max - new max).
     float alpha[Q];
+    int32_t rows[Q];
     alignas(64) float p[Q][16];
     for (int i = 0; i < Q; ++i) {
+      rows[i] = std::clamp(n_keys_[i] - blk * kKvBlockTokens, 0, kKvBlockTokens);
       const __mmask16 valid = FirstLanes(n_keys_[i] - blk * kKvBlockTokens);
       if (valid == 0) {
         alpha[i] = 1.0f;
@@ -390,8 +397,8 @@ class QueryTile {
       _mm512_store_ps(p[i], pv);
     }
     const int32_t n_rows = std::min(kKvBlockTokens, max_keys_ - blk * kKvBlockTokens);
-    accumulate_(kv_.v_type, ValueBlock(kv_, blk), shape_.head_dim_v, v_group_, p, alpha, n_rows, o_,
-                hv_pad_);
+    accumulate_(kv_.v_type, ValueBlock(kv_, blk), shape_.head_dim_v, v_group_, p, alpha, rows,
+                n_rows, o_, hv_pad_);
   }
 
   void Finish(float* const* out) const {

@@ -10,6 +10,14 @@ Expected<CompactionPlan> PlanCompaction(std::span<const int32_t> kept,
   if (frozen < 0 || frozen > n_slots) {
     return Status::Error(StrFormat("compaction: %d frozen slots of %d", frozen, n_slots));
   }
+  // Every frozen slot is kept (kept[i] == i for i < frozen, checked below): a list that ends
+  // inside the frozen prefix would drop shared slots and free a shared block.
+  if (static_cast<int64_t>(kept.size()) < frozen) {
+    return Status::Error(
+        StrFormat("compaction: %d slots kept, but the first %d are shared and "
+                  "must all be kept",
+                  static_cast<int32_t>(kept.size()), frozen));
+  }
   CompactionPlan plan;
   int32_t previous = -1;
   for (size_t i = 0; i < kept.size(); ++i) {
@@ -29,8 +37,11 @@ Expected<CompactionPlan> PlanCompaction(std::span<const int32_t> kept,
     plan.positions.push_back(positions[src]);
   }
   plan.n_slots = static_cast<int32_t>(kept.size());
-  const int32_t blocks_before = (n_slots + block_size - 1) / block_size;
-  plan.n_blocks = (plan.n_slots + block_size - 1) / block_size;
+  auto blocks = [&](int32_t slots) {
+    return static_cast<int32_t>((int64_t{slots} + block_size - 1) / block_size);
+  };
+  const int32_t blocks_before = blocks(n_slots);
+  plan.n_blocks = blocks(plan.n_slots);
   plan.n_freed_blocks = blocks_before - plan.n_blocks;
   return plan;
 }

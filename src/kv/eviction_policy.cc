@@ -18,15 +18,23 @@ Status StreamingPolicy::Score(const EvictionInput& input, std::span<float> score
 
 Status KeyDiffPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
   const int64_t per_slot = int64_t{input.n_head_kv} * input.head_dim;
-  if (static_cast<int32_t>(scores.size()) != input.n_slots || per_slot <= 0 ||
-      static_cast<int64_t>(input.keys.size()) != per_slot * input.n_slots) {
+  if (static_cast<int32_t>(scores.size()) != input.n_slots || input.n_head_kv <= 0 ||
+      input.head_dim <= 0 || static_cast<int64_t>(input.keys.size()) != per_slot * input.n_slots) {
     return Status::Error("keydiff: needs every slot's keys ([slots][heads][head_dim])");
   }
   std::fill(scores.begin(), scores.end(), 0.0f);
   std::vector<double> mean(input.head_dim);
+  // A slot with a non-finite key (in any head) scores NaN, which SelectKept ranks last; it is
+  // left out of the mean so that one broken key does not turn every slot's score into NaN.
+  std::vector<char> broken(input.n_slots, 0);
+  for (int32_t i = 0; i < input.n_slots; ++i) {
+    const float* k = input.keys.data() + i * per_slot;
+    for (int64_t e = 0; e < per_slot && !broken[i]; ++e) broken[i] = !std::isfinite(k[e]);
+  }
   for (int32_t h = 0; h < input.n_head_kv; ++h) {
     std::fill(mean.begin(), mean.end(), 0.0);
     for (int32_t i = 0; i < input.n_slots; ++i) {
+      if (broken[i]) continue;
       const float* k = input.keys.data() + i * per_slot + int64_t{h} * input.head_dim;
       for (int32_t d = 0; d < input.head_dim; ++d) mean[d] += k[d];
     }
@@ -34,6 +42,10 @@ Status KeyDiffPolicy::Score(const EvictionInput& input, std::span<float> scores)
     for (double m : mean) mean_norm += m * m;
     mean_norm = std::sqrt(mean_norm);
     for (int32_t i = 0; i < input.n_slots; ++i) {
+      if (broken[i]) {
+        scores[i] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       const float* k = input.keys.data() + i * per_slot + int64_t{h} * input.head_dim;
       double dot = 0.0, norm = 0.0;
       for (int32_t d = 0; d < input.head_dim; ++d) {
@@ -95,7 +107,7 @@ Expected<std::vector<int32_t>> SelectKept(std::span<const float> scores, int32_t
   if (guard.sink < 0 || guard.window < 0 || frozen < 0) {
     return Status::Error("eviction: sink, window and frozen slots must be >= 0");
   }
-  if (budget < guard.sink + guard.window) {
+  if (budget < int64_t{guard.sink} + guard.window) {
     return Status::Error(
         StrFormat("--kv-budget %d: must be at least --kv-sink + --kv-window (%d + %d)", budget,
                   guard.sink, guard.window));
@@ -118,6 +130,13 @@ Expected<std::vector<int32_t>> SelectKept(std::span<const float> scores, int32_t
   for (int32_t i = 0; i < std::min(n, frozen); ++i) mark(i);
   for (int32_t i = 0; i < std::min(n, guard.sink); ++i) mark(i);
   for (int32_t i = std::max(0, n - guard.window); i < n; ++i) mark(i);
+  // Frozen slots and the window may overlap the budget together though neither does alone.
+  if (n_kept > budget) {
+    return Status::Error(StrFormat(
+        "eviction: %d shared slots, the sinks and the last %d slots make %d slots that cannot be "
+        "evicted, more than the budget of %d",
+        frozen, guard.window, n_kept, budget));
+  }
   std::vector<int32_t> rest;
   for (int32_t i = 0; i < n; ++i) {
     if (!keep[i]) rest.push_back(i);
