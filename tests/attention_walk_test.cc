@@ -153,14 +153,14 @@ void CheckCase(int32_t hk, int32_t hv, KvType kt, KvType vt, Coding coding, int 
   }
 }
 
-TEST(ReviewAttention, EveryQueryCountOneToSeventyWildKeyCounts) {
+TEST(AttentionWalk, EveryQueryCountOneToSeventyWildKeyCounts) {
   uint32_t seed = 100;
   for (int n = 1; n <= 70; ++n) {
     CheckCase(64, 64, KvType::kF32, KvType::kF32, Coding::kPlain, n, 1000, ++seed, 2e-5);
   }
 }
 
-TEST(ReviewAttention, EveryTypeAndCoding) {
+TEST(AttentionWalk, EveryTypeAndCoding) {
   uint32_t seed = 500;
   for (KvType kt : kAllKvTypes) {
     for (KvType vt : {KvType::kF16, KvType::kQ4_0, KvType::kTurbo3, kt}) {
@@ -177,7 +177,7 @@ TEST(ReviewAttention, EveryTypeAndCoding) {
   }
 }
 
-TEST(ReviewAttention, HeadSizes) {
+TEST(AttentionWalk, HeadSizes) {
   uint32_t seed = 900;
   const std::vector<std::pair<int32_t, int32_t>> dims = {
       {8, 8}, {64, 64}, {128, 128}, {256, 256}, {17, 33}, {1, 1}, {3, 513}, {40, 1000}, {96, 24}};
@@ -200,7 +200,7 @@ TEST(ReviewAttention, HeadSizes) {
 
 // The thread-local accumulator grows with head_dim_v; a large hv after a small one, and a small
 // one after a large, with more queries than one walk and a remainder tile.
-TEST(ReviewAttention, BufferGrowsAcrossCalls) {
+TEST(AttentionWalk, BufferGrowsAcrossCalls) {
   uint32_t seed = 1300;
   for (int32_t hv : {8, 1024, 16, 1000, 33}) {
     CheckCase(16, hv, KvType::kF32, KvType::kF32, Coding::kPlain, 67, 40, ++seed, 5e-5);
@@ -210,7 +210,7 @@ TEST(ReviewAttention, BufferGrowsAcrossCalls) {
 // A value an f16 cache cannot hold (|v| > 65504 stores as Inf) written at position 5: a query
 // that sees 5 keys never reads it alone, but in a tile with one that sees 6 its weight 0 meets
 // Inf in the FMA (0 * Inf = NaN). Verification puts the drafts' keys after the earlier tokens'.
-TEST(ReviewAttention, AnInfValuePastAQuerysKeysDoesNotReachIt) {
+TEST(AttentionWalk, AnInfValuePastAQuerysKeysDoesNotReachIt) {
   Head head(64, 64, 32, 3, KvType::kF32, KvType::kF16, Coding::kPlain);
   std::vector<float> v(64, 0.5f);
   v[7] = 1e6f;  // Inf in f16

@@ -1,6 +1,6 @@
-// Adversarial checks of the eviction foundation: SelectKept, the policies and PlanCompaction on
-// bad and extreme input, and MoveKey/MoveValue/MoveKvSlot never touching another lane's codes
-// (sub-byte types pack neighbouring positions into the same bytes).
+// The eviction foundation at its edges: SelectKept, the policies and PlanCompaction on bad and
+// extreme input (empty, non-finite, overflowing, frozen prefixes), and MoveKey/MoveValue/MoveKvSlot
+// never touching another lane's codes (sub-byte types pack neighbouring positions together).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,7 +29,7 @@ std::vector<int32_t> Iota(int32_t n) {
 
 // ---- SelectKept ----
 
-TEST(ReviewSelectKept, EmptyAndTinyInputs) {
+TEST(SelectKeptEdges, EmptyAndTinyInputs) {
   std::vector<float> none;
   auto kept = SelectKept(none, 0, {0, 0});
   ASSERT_TRUE(kept.ok());
@@ -42,7 +42,7 @@ TEST(ReviewSelectKept, EmptyAndTinyInputs) {
   EXPECT_EQ(*SelectKept(five, 100, {50, 50}), Iota(5));
 }
 
-TEST(ReviewSelectKept, NeverKeepsMoreThanTheBudget) {
+TEST(SelectKeptEdges, NeverKeepsMoreThanTheBudget) {
   // frozen (30) <= budget (40) and sink + window (4 + 32) <= budget, yet frozen + window = 62.
   std::vector<float> scores(100, 0.0f);
   auto kept = SelectKept(scores, 40, {4, 32}, /*frozen=*/30);
@@ -52,7 +52,7 @@ TEST(ReviewSelectKept, NeverKeepsMoreThanTheBudget) {
   }
 }
 
-TEST(ReviewSelectKept, ExtremeGuardsDoNotOverflow) {
+TEST(SelectKeptEdges, ExtremeGuardsDoNotOverflow) {
   std::vector<float> scores(10, 0.0f);
   // sink + window overflows int32: must be an error (budget 5 < sink + window), not a wrap.
   auto kept = SelectKept(scores, 5, {kMax, 1});
@@ -63,7 +63,7 @@ TEST(ReviewSelectKept, ExtremeGuardsDoNotOverflow) {
   EXPECT_EQ(*SelectKept(scores, kMax, {4, 4}), Iota(10));
 }
 
-TEST(ReviewSelectKept, NonFiniteScores) {
+TEST(SelectKeptEdges, NonFiniteScores) {
   std::vector<float> scores = {kInf, -kInf, kNaN, 1.0f, -0.0f, 0.0f, kInf, kNaN, -kInf, 2.0f};
   auto kept = SelectKept(scores, 4, {0, 0});
   ASSERT_TRUE(kept.ok());
@@ -75,7 +75,7 @@ TEST(ReviewSelectKept, NonFiniteScores) {
 
 // ---- policies ----
 
-TEST(ReviewKeyDiff, AllZeroKeysAndExtremes) {
+TEST(KeyDiffEdges, AllZeroKeysAndExtremes) {
   KeyDiffPolicy p;
   const int n = 8, heads = 2, dim = 4;
   std::vector<float> keys(n * heads * dim, 0.0f);
@@ -90,7 +90,7 @@ TEST(ReviewKeyDiff, AllZeroKeysAndExtremes) {
   for (float s : scores) EXPECT_TRUE(std::isfinite(s)) << s;
 }
 
-TEST(ReviewKeyDiff, OneNanKeyOnlyPoisonsItsOwnSlot) {
+TEST(KeyDiffEdges, OneNanKeyOnlyPoisonsItsOwnSlot) {
   KeyDiffPolicy p;
   const int n = 8, heads = 1, dim = 4;
   std::mt19937 rng(1);
@@ -107,7 +107,7 @@ TEST(ReviewKeyDiff, OneNanKeyOnlyPoisonsItsOwnSlot) {
                            << " scores non-finite: KeyDiff degrades to most-recent for everyone";
 }
 
-TEST(ReviewKeyDiff, NegativeShapesAreErrorsNotThrows) {
+TEST(KeyDiffEdges, NegativeShapesAreErrorsNotThrows) {
   KeyDiffPolicy p;
   std::vector<float> keys(4, 1.0f), scores(1);
   std::vector<int32_t> pos = {0};
@@ -123,7 +123,7 @@ TEST(ReviewKeyDiff, NegativeShapesAreErrorsNotThrows) {
   EXPECT_FALSE(s.ok());
 }
 
-TEST(ReviewStreaming, SizesMismatch) {
+TEST(StreamingEdges, SizesMismatch) {
   StreamingPolicy p;
   std::vector<int32_t> pos = Iota(3);
   std::vector<float> scores(3);
@@ -133,7 +133,7 @@ TEST(ReviewStreaming, SizesMismatch) {
 
 // ---- PlanCompaction ----
 
-TEST(ReviewPlanCompaction, FrozenSlotsMustAllBeKept) {
+TEST(PlanCompactionEdges, FrozenSlotsMustAllBeKept) {
   const std::vector<int32_t> positions = Iota(64);
   // Slots 0..31 are shared; kept lists that simply stop before the frozen prefix ends drop
   // shared slots (and free a shared block) without an error.
@@ -143,7 +143,7 @@ TEST(ReviewPlanCompaction, FrozenSlotsMustAllBeKept) {
       << "kept {0, 1} dropped frozen slots 2..31";
 }
 
-TEST(ReviewPlanCompaction, Extremes) {
+TEST(PlanCompactionEdges, Extremes) {
   // Nothing cached, nothing kept.
   auto empty = PlanCompaction(std::vector<int32_t>{}, std::vector<int32_t>{}, 16);
   ASSERT_TRUE(empty.ok());
@@ -194,7 +194,7 @@ std::vector<uint32_t> Lane(KvType kt, KvType vt, const uint8_t* kb, const uint8_
 
 // Random moves within one block and across blocks; after each, the destination holds the
 // source's former element values and every other lane of both blocks is unchanged.
-TEST(ReviewMove, NoNeighbourLaneIsTouchedForEveryTypeAndHeadSize) {
+TEST(MoveEdges, NoNeighbourLaneIsTouchedForEveryTypeAndHeadSize) {
   for (KvType t : kAllKvTypes) {
     for (int32_t hd : {1, 3, 7, 8, 13, 16, 24, 40, 64, 72, 256}) {
       if (!ValidateKvType(t, hd).ok()) continue;
@@ -247,7 +247,7 @@ TEST(ReviewMove, NoNeighbourLaneIsTouchedForEveryTypeAndHeadSize) {
 
 // MoveKvSlot over a multi-head layer with different K and V types (and head sizes), against a
 // copy of every lane, including moves within one kernel block.
-TEST(ReviewMove, MoveKvSlotMixedTypesManyHeads) {
+TEST(MoveEdges, MoveKvSlotMixedTypesManyHeads) {
   for (KvType kt : kAllKvTypes) {
     for (KvType vt : {KvType::kTurbo3, KvType::kQ4_0, KvType::kF16}) {
       for (auto [hk, hv] : {std::pair{8, 8}, std::pair{64, 24}, std::pair{40, 128}}) {
