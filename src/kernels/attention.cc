@@ -179,6 +179,10 @@ void AccumulateBlock(KvType t, const uint8_t* vb, int32_t hv, int32_t group, con
     _mm512_store_ps(scales + 16 * i, _mm512_mul_ps(simd::Halves16(vb + 16 * row_bytes + 32 * i),
                                                    _mm512_set1_ps(Codec::kScaleMul)));
   }
+  // Rows below every query's own count take the unmasked FMAs; only a tile's last block has
+  // rows some of its queries must skip.
+  int32_t all_live = n_rows;
+  for (int i = 0; i < Q; ++i) all_live = std::min(all_live, rows[i]);
   for (int32_t c0 = 0; c0 < hv; c0 += 64) {
     const int n_vec = std::min(4, (hv - c0 + 15) / 16);
     __m512 acc[Q][4];
@@ -198,6 +202,15 @@ void AccumulateBlock(KvType t, const uint8_t* vb, int32_t hv, int32_t group, con
         if (group != 0) {
           vr[v] = _mm512_mul_ps(vr[v], ValueLaneScale(scales + j * n_groups, c, group, hv));
         }
+      }
+      if (j < all_live) {  // every query sees this row: the plain FMAs
+        for (int i = 0; i < Q; ++i) {
+          const __m512 pj = _mm512_set1_ps(p[i][j]);
+          for (int v = 0; v < 4; ++v) {
+            if (v < n_vec) acc[i][v] = _mm512_fmadd_ps(pj, vr[v], acc[i][v]);
+          }
+        }
+        continue;
       }
       for (int i = 0; i < Q; ++i) {
         const __m512 pj = _mm512_set1_ps(p[i][j]);
