@@ -6,7 +6,10 @@ flavour=${1:-release}
 shift || true
 case "$flavour" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
-  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSERVE_SANITIZE=ON) ;;
+  # -O1 -g1 (line tables): the usual sanitizer build, with file:line in every report; it
+  # compiles in about half the time of RelWithDebInfo's -O2 -g.
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSERVE_SANITIZE=ON
+                               "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG") ;;
   *) echo "usage: build.sh [release|asan]" >&2; exit 2 ;;
 esac
 jobs=${KVSERVE_BUILD_JOBS:-$(nproc)}

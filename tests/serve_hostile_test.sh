@@ -71,7 +71,10 @@ else fail "decompression bomb: HTTP $code, RSS grew ${grown} MiB: $(cat "$TMP/bo
 
 # Streamed logprobs: nothing per token is kept.
 body='{"messages":[{"role":"user","content":"Tell a story"}],"n":2,"max_tokens":1500,"ignore_eos":true,"logprobs":true,"top_logprobs":20,"stream":true}'
-curl -s "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" >/dev/null  # warm up
+# Warm up where RSS growth is compared (under ASan it is not, and this costs 3,000 tokens).
+if [ $LP_LIMIT_MIB -lt 100000 ]; then
+  curl -s "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" >/dev/null
+fi
 before=$(rss_kib)
 curl -s "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" >"$TMP/lp.out"
 after=$(rss_kib)

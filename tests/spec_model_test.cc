@@ -6,7 +6,13 @@
 // comparison is not vacuous, and that the pool is whole at the end.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <iterator>
 #include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
@@ -90,88 +96,89 @@ Outcome Serve(const Model& model, const SpecOptions& spec, const Scenario& s, in
   return out;
 }
 
-class SpecModelTest : public ::testing::Test {
- protected:
-  static std::shared_ptr<const Model> Load(const std::string& name) {
-    const std::string path = testing::TestModelPath(name);
-    if (path.empty()) return nullptr;
-    auto m = Model::Load(path);
-    EXPECT_TRUE(m.ok()) << m.error();
-    return m.ok() ? std::shared_ptr<const Model>(std::move(*m)) : nullptr;
-  }
-
-  // Every scenario of one target and drafter against the same scenario without speculation.
-  void CheckAllScenarios(const Model& target, const SpecOptions& spec) {
-    Scenario batched;
-    Scenario alone;
-    alone.max_seqs = 1;
-    Scenario chunked;
-    chunked.budget = 7;
-    Scenario preempting;
-    preempting.n_blocks = 12;  // 11 blocks of 16 for 8 sequences of up to 72 positions
-    Scenario cached;
-    cached.rounds = 2;
-    Scenario quantized;
-    quantized.types = {KvType::kQ8_0, KvType::kQ4_0};
-    if (target.config().head_dim_k < 32) quantized.types = {KvType::kInt8, KvType::kInt8};
-    const std::pair<const char*, Scenario> scenarios[] = {
-        {"batched", batched},       {"alone", alone},         {"chunked prefill", chunked},
-        {"preemption", preempting}, {"prefix cache", cached}, {"quantized KV", quantized}};
-    SpecOptions none;
-    for (const auto& [name, setup] : scenarios) {
-      SCOPED_TRACE(std::string(SpecTypeName(spec.type)) + ", " + name);
-      const Outcome plain = Serve(target, none, setup, 0);
-      const Outcome fast = Serve(target, spec, setup, /*draft_min=*/1);
-      EXPECT_EQ(fast.tokens, plain.tokens);
-      EXPECT_GT(fast.accepted, 0) << "no draft was accepted: the comparison proves nothing";
-      if (setup.n_blocks == 12) EXPECT_GT(fast.preemptions, 0);
-      if (setup.rounds == 2) EXPECT_GT(fast.prefix_hits, 0);
-    }
-    // The adaptive policy (draft_min 0) changes how much is drafted, never the output.
-    const Outcome plain = Serve(target, none, batched, 0);
-    EXPECT_EQ(Serve(target, spec, batched, 0).tokens, plain.tokens);
-  }
-};
-
-TEST_F(SpecModelTest, NgramGreedyOutputIsUnchanged) {
-  for (const char* name : {"stories260K.gguf", "stories-hd64-3M.gguf"}) {
-    auto target = Load(name);
-    if (!target) GTEST_SKIP() << name << " not found under " << testing::TestModelsDir();
-    SpecOptions spec;
-    spec.type = SpecType::kNgram;
-    CheckAllScenarios(*target, spec);
-  }
+std::shared_ptr<const Model> Load(const std::string& name) {
+  const std::string path = testing::TestModelPath(name);
+  if (path.empty()) return nullptr;
+  auto m = Model::Load(path);
+  EXPECT_TRUE(m.ok()) << m.error();
+  return m.ok() ? std::shared_ptr<const Model>(std::move(*m)) : nullptr;
 }
 
-TEST_F(SpecModelTest, SelfGreedyOutputIsUnchanged) {
-  for (const char* name : {"stories260K.gguf", "stories-hd64-3M.gguf"}) {
-    auto target = Load(name);
-    if (!target) GTEST_SKIP() << name << " not found under " << testing::TestModelsDir();
-    for (int32_t window : {0, 32}) {  // the whole context, and sinks + a 32-position window
-      SCOPED_TRACE("window " + std::to_string(window));
-      SpecOptions spec;
-      spec.type = SpecType::kSelf;
-      spec.draft_window = window;
-      spec.draft_weights = CompressedViewOptions{DType::kQ8_0, {}, {}};
-      CheckAllScenarios(*target, spec);
-    }
+const char* const kScenarios[] = {"batched",    "alone",        "chunked prefill",
+                                  "preemption", "prefix cache", "quantized KV"};
+
+Scenario MakeScenario(const Model& target, const std::string& name) {
+  Scenario s;
+  if (name == "alone") s.max_seqs = 1;
+  if (name == "chunked prefill") s.budget = 7;
+  if (name == "preemption")
+    s.n_blocks = 12;  // 11 blocks of 16 for 8 sequences of up to 72 positions
+  if (name == "prefix cache") s.rounds = 2;
+  if (name == "quantized KV") {
+    s.types = {KvType::kQ8_0, KvType::kQ4_0};
+    if (target.config().head_dim_k < 32) s.types = {KvType::kInt8, KvType::kInt8};
   }
+  return s;
 }
 
-TEST_F(SpecModelTest, DraftModelGreedyOutputIsUnchanged) {
-  auto target = Load("stories-hd64-3M.gguf");
-  auto draft = Load("stories260K.gguf");
+// Every drafter for one target: ngram, self (the whole context, and sinks + a 32-position
+// window) and the stories260K draft model (for stories260K itself: a model drafting for itself
+// accepts everything).
+std::vector<std::pair<std::string, SpecOptions>> Drafters(std::shared_ptr<const Model> draft) {
+  std::vector<std::pair<std::string, SpecOptions>> drafters;
+  SpecOptions ngram;
+  ngram.type = SpecType::kNgram;
+  drafters.emplace_back("ngram", ngram);
+  for (int32_t window : {0, 32}) {
+    SpecOptions self;
+    self.type = SpecType::kSelf;
+    self.draft_window = window;
+    self.draft_weights = CompressedViewOptions{DType::kQ8_0, {}, {}};
+    drafters.emplace_back("self, window " + std::to_string(window), self);
+  }
+  drafters.emplace_back("draft model", SpecOptions{SpecType::kDraft, std::move(draft)});
+  return drafters;
+}
+
+// One test per (target, scenario), each a ctest test of its own: the output without speculation
+// is computed once, and every drafter's greedy output must equal it.
+class SpecModelTest : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(SpecModelTest, GreedyOutputIsUnchangedByEveryDrafter) {
+  const auto [target_name, scenario_index] = GetParam();
+  auto target = Load(target_name);
+  auto draft = std::string(target_name) == "stories260K.gguf" ? target : Load("stories260K.gguf");
   if (!target || !draft)
     GTEST_SKIP() << "stories models not found under " << testing::TestModelsDir();
-  SpecOptions spec;
-  spec.type = SpecType::kDraft;
-  spec.draft_model = draft;
-  CheckAllScenarios(*target, spec);
-  spec.draft_model = target;  // a model drafting for itself accepts everything
-  CheckAllScenarios(*draft, SpecOptions{SpecType::kDraft, draft});
+  const std::string name = kScenarios[scenario_index];
+  const Scenario setup = MakeScenario(*target, name);
+  const Outcome plain = Serve(*target, SpecOptions{}, setup, 0);
+  for (const auto& [drafter, spec] : Drafters(draft)) {
+    SCOPED_TRACE(std::string(SpecTypeName(spec.type)) + " (" + drafter + "), " + name);
+    const Outcome fast = Serve(*target, spec, setup, /*draft_min=*/1);
+    EXPECT_EQ(fast.tokens, plain.tokens);
+    EXPECT_GT(fast.accepted, 0) << "no draft was accepted: the comparison proves nothing";
+    if (setup.n_blocks == 12) EXPECT_GT(fast.preemptions, 0);
+    if (setup.rounds == 2) EXPECT_GT(fast.prefix_hits, 0);
+    // The adaptive policy (draft_min 0) changes how much is drafted, never the output.
+    if (name == "batched") EXPECT_EQ(Serve(*target, spec, setup, 0).tokens, plain.tokens);
+  }
 }
 
-TEST_F(SpecModelTest, MismatchedDraftIsRefusedNamingTheMismatch) {
+INSTANTIATE_TEST_SUITE_P(
+    Models, SpecModelTest,
+    ::testing::Combine(::testing::Values("stories260K.gguf", "stories-hd64-3M.gguf"),
+                       ::testing::Range(0, static_cast<int>(std::size(kScenarios)))),
+    [](const ::testing::TestParamInfo<SpecModelTest::ParamType>& info) {
+      std::string n =
+          std::string(std::get<0>(info.param)) + "_" + kScenarios[std::get<1>(info.param)];
+      n = n.substr(0, n.find(".gguf")) + n.substr(n.find(".gguf") + 5);
+      for (char& c : n)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      return n;
+    });
+
+TEST(SpecModelRefusal, MismatchedDraftIsRefusedNamingTheMismatch) {
   auto target = Load("stories260K.gguf");
   auto other = Load("random-weights/llama-2-tiny-random.gguf");
   if (!target || !other) GTEST_SKIP() << "models not found under " << testing::TestModelsDir();
