@@ -81,12 +81,12 @@ TEST(KeyDiffEdges, AllZeroKeysAndExtremes) {
   std::vector<float> keys(n * heads * dim, 0.0f);
   std::vector<int32_t> pos = Iota(n);
   std::vector<float> scores(n);
-  ASSERT_TRUE(p.Score({n, pos, keys, heads, dim}, scores).ok());
+  ASSERT_TRUE(p.Score({n, pos, keys, heads, dim, {}}, scores).ok());
   for (float s : scores) EXPECT_TRUE(std::isfinite(s));
   // Huge but finite keys: squares overflow float, not double.
   for (float& k : keys) k = 3e38f;
   keys[5] = -3e38f;
-  ASSERT_TRUE(p.Score({n, pos, keys, heads, dim}, scores).ok());
+  ASSERT_TRUE(p.Score({n, pos, keys, heads, dim, {}}, scores).ok());
   for (float s : scores) EXPECT_TRUE(std::isfinite(s)) << s;
 }
 
@@ -100,7 +100,7 @@ TEST(KeyDiffEdges, OneNanKeyOnlyPoisonsItsOwnSlot) {
   keys[3 * dim + 1] = kNaN;
   std::vector<int32_t> pos = Iota(n);
   std::vector<float> scores(n);
-  ASSERT_TRUE(p.Score({n, pos, keys, heads, dim}, scores).ok());
+  ASSERT_TRUE(p.Score({n, pos, keys, heads, dim, {}}, scores).ok());
   int finite = 0;
   for (float s : scores) finite += std::isfinite(s);
   EXPECT_EQ(finite, n - 1) << "one NaN key made " << n - finite << " of " << n
@@ -115,7 +115,7 @@ TEST(KeyDiffEdges, NegativeShapesAreErrorsNotThrows) {
   Status s = Status::Ok();
   bool threw = false;
   try {
-    s = p.Score({1, pos, keys, -1, -4}, scores);
+    s = p.Score({1, pos, keys, -1, -4, {}}, scores);
   } catch (...) {
     threw = true;
   }
@@ -127,8 +127,8 @@ TEST(StreamingEdges, SizesMismatch) {
   StreamingPolicy p;
   std::vector<int32_t> pos = Iota(3);
   std::vector<float> scores(3);
-  EXPECT_FALSE(p.Score({4, pos, {}, 0, 0}, scores).ok());
-  EXPECT_TRUE(p.Score({0, {}, {}, 0, 0}, std::span<float>()).ok());
+  EXPECT_FALSE(p.Score({4, pos, {}, 0, 0, {}}, scores).ok());
+  EXPECT_TRUE(p.Score({0, {}, {}, 0, 0, {}}, std::span<float>()).ok());
 }
 
 // ---- PlanCompaction ----

@@ -73,7 +73,7 @@ TEST(StreamingPolicy, KeepsTheSinksAndTheMostRecent) {
   const std::vector<int32_t> positions = Iota(20);
   std::vector<float> scores(20);
   StreamingPolicy policy;
-  ASSERT_TRUE(policy.Score({20, positions, {}, 0, 0}, scores).ok());
+  ASSERT_TRUE(policy.Score({20, positions, {}, 0, 0, {}}, scores).ok());
   EXPECT_EQ(*SelectKept(scores, 8, {2, 3}), (std::vector<int32_t>{0, 1, 14, 15, 16, 17, 18, 19}));
 }
 
@@ -117,7 +117,7 @@ TEST(KeyDiffPolicy, MatchesItsScalarTwinAndKeepsTheOddKeysOut) {
   ASSERT_TRUE(policy.needs_keys());
   const std::vector<int32_t> positions = Iota(n);
   std::vector<float> scores(n);
-  ASSERT_TRUE(policy.Score({n, positions, keys, heads, dim}, scores).ok());
+  ASSERT_TRUE(policy.Score({n, positions, keys, heads, dim, {}}, scores).ok());
   const std::vector<double> twin = KeyDiffTwin(keys, n, heads, dim);
   for (int i = 0; i < n; ++i) EXPECT_NEAR(scores[i], twin[i], 1e-5) << "slot " << i;
   auto kept = SelectKept(scores, 7, {2, 2});
@@ -125,7 +125,7 @@ TEST(KeyDiffPolicy, MatchesItsScalarTwinAndKeepsTheOddKeysOut) {
   EXPECT_EQ(*kept, (std::vector<int32_t>{0, 1, 10, 20, 30, 62, 63}));
   // Keys that do not cover the slots are an error, not a read past the end.
   std::vector<float> short_keys(keys.begin(), keys.end() - 1);
-  EXPECT_FALSE(policy.Score({n, positions, short_keys, heads, dim}, scores).ok());
+  EXPECT_FALSE(policy.Score({n, positions, short_keys, heads, dim, {}}, scores).ok());
 }
 
 TEST(H2oPolicy, KeepsTheHeavyHitters) {

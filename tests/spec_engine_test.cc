@@ -218,7 +218,9 @@ TEST(SpecEngine, GreedyOutputIsUnchangedUnderEveryEngineFeature) {
       }
       EXPECT_EQ(e.kv().num_free_blocks(), pool - 1);
       EXPECT_GT(drafter.proposed, 0);
-      if (pool == 12) EXPECT_GT(e.scheduler().prefix_queries(), 0);
+      if (pool == 12) {
+        EXPECT_GT(e.scheduler().prefix_queries(), 0);
+      }
     }
   }
 }

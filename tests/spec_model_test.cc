@@ -136,7 +136,10 @@ std::vector<std::pair<std::string, SpecOptions>> Drafters(std::shared_ptr<const 
     self.draft_weights = CompressedViewOptions{DType::kQ8_0, {}, {}};
     drafters.emplace_back("self, window " + std::to_string(window), self);
   }
-  drafters.emplace_back("draft model", SpecOptions{SpecType::kDraft, std::move(draft)});
+  SpecOptions draft_spec;
+  draft_spec.type = SpecType::kDraft;
+  draft_spec.draft_model = std::move(draft);
+  drafters.emplace_back("draft model", std::move(draft_spec));
   return drafters;
 }
 
@@ -158,10 +161,16 @@ TEST_P(SpecModelTest, GreedyOutputIsUnchangedByEveryDrafter) {
     const Outcome fast = Serve(*target, spec, setup, /*draft_min=*/1);
     EXPECT_EQ(fast.tokens, plain.tokens);
     EXPECT_GT(fast.accepted, 0) << "no draft was accepted: the comparison proves nothing";
-    if (setup.n_blocks == 12) EXPECT_GT(fast.preemptions, 0);
-    if (setup.rounds == 2) EXPECT_GT(fast.prefix_hits, 0);
+    if (setup.n_blocks == 12) {
+      EXPECT_GT(fast.preemptions, 0);
+    }
+    if (setup.rounds == 2) {
+      EXPECT_GT(fast.prefix_hits, 0);
+    }
     // The adaptive policy (draft_min 0) changes how much is drafted, never the output.
-    if (name == "batched") EXPECT_EQ(Serve(*target, spec, setup, 0).tokens, plain.tokens);
+    if (name == "batched") {
+      EXPECT_EQ(Serve(*target, spec, setup, 0).tokens, plain.tokens);
+    }
   }
 }
 
