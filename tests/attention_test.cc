@@ -12,6 +12,7 @@
 #include "kernels/attention.h"
 #include "kernels/kv_layer.h"
 #include "kernels/kv_quant.h"
+#include "testing/kv_head_pool.h"
 
 namespace kvs {
 namespace {
@@ -30,16 +31,9 @@ struct TestHead {
   TestHead(int32_t hk_, int32_t hv_, int32_t n_written, uint32_t seed, float key_scale = 1.0f,
            KvType k_type_ = KvType::kF32, KvType v_type_ = KvType::kF32)
       : hk(hk_), hv(hv_), k_type(k_type_), v_type(v_type_) {
-    const int32_t n_blocks = (n_written + kKvBlockTokens - 1) / kKvBlockTokens;
-    const int32_t pool_blocks = n_blocks + 3;  // spare blocks the head does not use
     const size_t k_bytes = KvHeadBlockBytes(k_type, hk), v_bytes = KvHeadBlockBytes(v_type, hv);
-    k_pool.assign(pool_blocks * k_bytes, 0xff);
-    v_pool.assign(pool_blocks * v_bytes, 0xff);
-    ids.resize(pool_blocks);
-    std::iota(ids.begin(), ids.end(), 0);
     std::mt19937 rng(seed);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    ids.resize(n_blocks);
+    ids = testing::ShuffledHeadPool(n_written, k_bytes, v_bytes, rng, &k_pool, &v_pool);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (int32_t pos = 0; pos < n_written; ++pos) {
       keys.emplace_back(hk);

@@ -18,6 +18,7 @@
 #include "kernels/kv_layer.h"
 #include "kernels/kv_quant.h"
 #include "kernels/ops.h"
+#include "testing/kv_head_pool.h"
 
 namespace kvs {
 namespace {
@@ -40,16 +41,9 @@ struct Head {
   Head(int32_t hk_, int32_t hv_, int32_t n_written, uint32_t seed, KvType kt, KvType vt,
        Coding coding)
       : hk(hk_), hv(hv_) {
-    const int32_t n_blocks = (n_written + kKvBlockTokens - 1) / kKvBlockTokens;
-    const int32_t pool_blocks = n_blocks + 3;
     const size_t kb = KvHeadBlockBytes(kt, hk), vb = KvHeadBlockBytes(vt, hv);
-    k_pool.assign(pool_blocks * kb, 0xff);
-    v_pool.assign(pool_blocks * vb, 0xff);
-    ids.resize(pool_blocks);
-    std::iota(ids.begin(), ids.end(), 0);
     std::mt19937 rng(seed);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    ids.resize(n_blocks);
+    ids = testing::ShuffledHeadPool(n_written, kb, vb, rng, &k_pool, &v_pool);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     std::vector<float> k(hk), v(hv);
     for (int32_t pos = 0; pos < n_written; ++pos) {
@@ -64,8 +58,8 @@ struct Head {
       RopeParams rope;
       rope.n_rot = hk % 2 == 0 ? hk : hk - 1;
       rope.neox = (seed & 1) != 0;
-      table.resize(static_cast<size_t>(n_blocks) * rope.n_rot * kKvBlockTokens);
-      FillRopeTable(rope, 0, n_blocks, table.data());
+      table.resize(ids.size() * rope.n_rot * kKvBlockTokens);
+      FillRopeTable(rope, 0, static_cast<int32_t>(ids.size()), table.data());
       view.rope_table = table.data();
       view.n_rot = rope.n_rot;
       view.rope_neox = rope.neox;
