@@ -137,7 +137,10 @@ TEST(H2oPolicy, KeepsTheHeavyHitters) {
   std::vector<float> scores(12);
   H2oPolicy policy;
   ASSERT_TRUE(policy.needs_attention());
-  EvictionInput input{12, positions, {}, 0, 0, mass};
+  EvictionInput input;
+  input.n_slots = 12;
+  input.positions = positions;
+  input.attention_mass = mass;
   ASSERT_TRUE(policy.Score(input, scores).ok());
   EXPECT_EQ(*SelectKept(scores, 5, {1, 1}), (std::vector<int32_t>{0, 3, 5, 7, 11}));
   input.attention_mass = std::span(mass).first(11);

@@ -22,9 +22,15 @@ struct EvictionGuard {
   int32_t window = 32;  // --kv-window
 };
 
-// What a policy may read of one sequence's cached slots.
+// Queries at the end of a prompt whose attention h2o and snapkv observe (SnapKV's window).
+inline constexpr int32_t kObservationWindow = 32;
+
+// What a policy may read of one sequence's cached slots. Policies that read keys are asked once
+// per layer (keys and layer set) and the caller averages their scores over the layers.
 struct EvictionInput {
   int32_t n_slots = 0;
+  int32_t n_positions = 0;  // the sequence's length: the position of its next token
+  int32_t layer = 0;        // the layer of `keys`
   std::span<const int32_t> positions;  // [n_slots] each slot's RoPE position
   // [n_slots][n_head_kv][head_dim] keys as the model wrote them (after RoPE), for policies that
   // read keys (EvictionPolicy::needs_keys); empty otherwise.

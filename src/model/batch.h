@@ -23,6 +23,11 @@ struct BatchSequence {
   // position i. Positions are not slots: after eviction moves keys to other slots their
   // positions stay, and the key codings that depend on RoPE must know them.
   std::vector<int32_t> key_positions;
+  // Token eviction's attention mass (kv/eviction_policy.h): when set, the queries of tokens
+  // [mass_first_token, n_tokens) add the attention they give each key, summed over every head
+  // and layer, into attention_mass[n_cached + n_tokens]. Null: not observed.
+  float* attention_mass = nullptr;
+  int32_t mass_first_token = 0;
 };
 
 struct RaggedBatch {
@@ -53,7 +58,8 @@ struct RaggedBatch {
     max_position = std::max(max_position, first_position + n - 1);
     for (int32_t p : key_positions) max_position = std::max(max_position, p);
     for (int32_t i = n - n_logits; i < n; ++i) logit_rows.push_back(first + i);
-    sequences.push_back({first, n, n_cached, std::move(kv_blocks), std::move(key_positions)});
+    sequences.push_back(
+        {first, n, n_cached, std::move(kv_blocks), std::move(key_positions), nullptr, 0});
   }
 
   void Clear() {

@@ -179,8 +179,10 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
         ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
       }
     });
+    if (query_tap_) query_tap_(l, b, q_.data());
     WriteKv(b, kv[l]);
     Attention(b, kv[l]);
+    AccumulateAttentionMass(b, kv[l]);
     MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
     AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
 
@@ -255,6 +257,46 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
              q, n_keys, count, out);
     }
   });
+}
+
+void ForwardPass::AccumulateAttentionMass(const RaggedBatch& b, const KvLayerView& kv) {
+  const int32_t group = c_.n_head / c_.n_head_kv;
+  const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
+                             1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
+  for (size_t si = 0; si < b.sequences.size(); ++si) {
+    const BatchSequence& seq = b.sequences[si];
+    if (seq.attention_mass == nullptr || seq.mass_first_token >= seq.n_tokens) continue;
+    const int32_t n_keys_all = seq.n_cached + seq.n_tokens;
+    const size_t stride = static_cast<size_t>(n_keys_all);
+    mass_scratch_.assign(stride * c_.n_head_kv, 0.0f);
+    const std::vector<float>& key_rope = key_rope_[si];
+    // One job per KV head (its own scratch row): the heads' sums are added in a fixed order
+    // afterwards, so the mass does not depend on the thread count.
+    pool_.ParallelFor(c_.n_head_kv, 1, [&](int, size_t begin, size_t end) {
+      std::vector<const float*> q;
+      std::vector<int32_t> n_keys;
+      for (size_t g = begin; g < end; ++g) {
+        q.clear();
+        n_keys.clear();
+        for (int32_t t = std::max(0, seq.mass_first_token); t < seq.n_tokens; ++t) {
+          const size_t i = static_cast<size_t>(seq.first_token + t);
+          for (int32_t j = 0; j < group; ++j) {
+            const size_t h = g * group + j;
+            q.push_back(q_.data() + i * c_.q_dim() + h * c_.head_dim_k);
+            n_keys.push_back(seq.n_cached + t + 1);
+          }
+        }
+        const KvHeadView view = kv.Head(static_cast<int32_t>(g), seq.kv_blocks.data(),
+                                        key_rope.empty() ? nullptr : key_rope.data());
+        AttentionMass(shape, view, q.data(), n_keys.data(), static_cast<int>(q.size()),
+                      mass_scratch_.data() + g * stride);
+      }
+    });
+    for (int32_t g = 0; g < c_.n_head_kv; ++g) {
+      const float* row = mass_scratch_.data() + static_cast<size_t>(g) * stride;
+      for (int32_t j = 0; j < n_keys_all; ++j) seq.attention_mass[j] += row[j];
+    }
+  }
 }
 
 }  // namespace kvs

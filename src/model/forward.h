@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -26,12 +27,21 @@ class ForwardPass {
   // writes logits[logit_rows.size()][n_vocab]. Scratch memory grows to the largest batch seen.
   Status Run(const RaggedBatch& batch, std::span<const KvLayerView> kv, float* logits);
 
+  // Called once per layer with the batch's queries q[n_tokens][n_head][head_dim_k], after RoPE
+  // (turned by batch.positions): what a calibration that needs query statistics reads (the
+  // tri eviction policy). Null: no call.
+  using QueryTap = std::function<void(int32_t layer, const RaggedBatch& batch, const float* q)>;
+  void set_query_tap(QueryTap tap) { query_tap_ = std::move(tap); }
+
  private:
   Status Validate(const RaggedBatch& batch, std::span<const KvLayerView> kv) const;
   void Layers(const RaggedBatch& batch, std::span<const KvLayerView> kv);
   // Stores the ubatch's K/V (k_, v_) into its slots of one layer.
   void WriteKv(const RaggedBatch& batch, const KvLayerView& kv);
   void Attention(const RaggedBatch& batch, const KvLayerView& kv);
+  // Adds the attention the observed queries of each sequence that asks for it
+  // (BatchSequence::attention_mass) gave its keys, summed over heads, for one layer.
+  void AccumulateAttentionMass(const RaggedBatch& batch, const KvLayerView& kv);
   void Reserve(int32_t n);
   // Runs fn(i) for every token of the ubatch, split over the pool when there are several.
   template <typename Fn>
@@ -62,6 +72,8 @@ class ForwardPass {
   // Per sequence of the batch: its keys' RoPE rows in slot order, where its key positions are
   // not its slots (BatchSequence::key_positions) and the key coding depends on RoPE; else empty.
   std::vector<std::vector<float>> key_rope_;
+  std::vector<float> mass_scratch_;  // [n_head_kv][keys] per-head partial attention mass
+  QueryTap query_tap_;
 };
 
 }  // namespace kvs
