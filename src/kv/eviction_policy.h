@@ -29,8 +29,6 @@ inline constexpr int32_t kObservationWindow = 32;
 // per layer (keys and layer set) and the caller averages their scores over the layers.
 struct EvictionInput {
   int32_t n_slots = 0;
-  int32_t n_positions = 0;  // the sequence's length: the position of its next token
-  int32_t layer = 0;        // the layer of `keys`
   std::span<const int32_t> positions;  // [n_slots] each slot's RoPE position
   // [n_slots][n_head_kv][head_dim] keys as the model wrote them (after RoPE), for policies that
   // read keys (EvictionPolicy::needs_keys); empty otherwise.
@@ -40,6 +38,8 @@ struct EvictionInput {
   // [n_slots] the attention each slot received, summed over the queries and heads the engine
   // observed (AttentionMass), for policies that read it (needs_attention); empty otherwise.
   std::span<const float> attention_mass;
+  int32_t n_positions = 0;  // the sequence's length: the position of its next token
+  int32_t layer = 0;        // the layer of `keys`
 };
 
 class EvictionPolicy {
