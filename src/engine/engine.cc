@@ -35,6 +35,7 @@ Status EngineConfig::Validate() const {
   }
   if (block_size < 1) return Status::Error("--block-size must be positive");
   KVS_RETURN_IF_ERROR(spec.Validate());
+  KVS_RETURN_IF_ERROR(eviction.Validate());
   const int64_t blocks_per_seq = (static_cast<int64_t>(n_ctx) + block_size - 1) / block_size;
   const int32_t watermark = watermark_blocks >= 0 ? watermark_blocks : n_blocks / 100;
   if (n_blocks - 1 - watermark < std::min<int64_t>(blocks_per_seq, 1)) {
@@ -44,7 +45,18 @@ Status EngineConfig::Validate() const {
   return Status::Ok();
 }
 
-Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter)
+namespace {
+std::unique_ptr<EvictionPolicy> PolicyOrDefault(const EvictionConfig& config,
+                                                std::unique_ptr<EvictionPolicy> given) {
+  if (given) return given;
+  auto made = MakeEvictionPolicy(config.policy);
+  KVS_CHECK_MSG(made.ok(), made.status().message().c_str());
+  return std::move(*made);
+}
+}  // namespace
+
+Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter,
+               std::unique_ptr<EvictionPolicy> eviction_policy)
     : config_(config),
       runner_(runner),
       kv_(config.n_blocks, config.block_size,
@@ -53,7 +65,8 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter)
                                  config.reserve_full_context ? config.n_ctx : 0},
                  kv_),
       drafter_(drafter),
-      spec_policy_(config.spec) {
+      spec_policy_(config.spec),
+      evictor_(config.eviction, PolicyOrDefault(config.eviction, std::move(eviction_policy))) {
   KVS_CHECK(config.Validate().ok());
   kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
 }
@@ -82,10 +95,25 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
   }
   if (o.logprobs > 20) return Status::Error(StrFormat("logprobs %d: at most 20", o.logprobs));
   KVS_RETURN_IF_ERROR(o.sampling.Validate());
+  const EvictionGuard& guard = config_.eviction.guard;
+  if (o.kv_budget.value < 0 || (o.kv_budget.percent && o.kv_budget.value > 100) ||
+      (o.kv_budget.active() && !o.kv_budget.percent &&
+       o.kv_budget.value < int64_t{guard.sink} + guard.window)) {
+    return Status::Error(StrFormat(
+        "kv_budget %s: must be a percentage up to 100%% or at least --kv-sink + --kv-window "
+        "(%d + %d)",
+        o.kv_budget.ToString().c_str(), guard.sink, guard.window));
+  }
   // Even alone, a sequence must fit the pool, or preemption could never make room for it.
   int64_t positions = config_.n_ctx;
   if (o.max_tokens > 0 && !config_.reserve_full_context) {
     positions = std::min<int64_t>(positions, static_cast<int64_t>(prompt.size()) + o.max_tokens);
+  }
+  // With a KV budget a sequence holds at most its prompt, or its budget and a block more.
+  const KvBudget& budget = o.kv_budget.active() ? o.kv_budget : config_.eviction.budget;
+  if (budget.active() && !config_.reserve_full_context) {
+    positions = evictor_.PeakSlots(budget, static_cast<int32_t>(prompt.size()),
+                                   static_cast<int32_t>(positions), kv_.block_size());
   }
   const int32_t need = kv_.BlocksFor(static_cast<int32_t>(positions));
   const int32_t room = kv_.num_usable_blocks() - kv_.watermark_blocks();
@@ -105,6 +133,7 @@ Sequence* Engine::NewSequence(RequestId request, int32_t choice, const RequestOp
   seq->choice = choice;
   seq->priority = options.priority;
   seq->cache_key = options.cache_key;
+  evictor_.Attach(seq.get(), options.kv_budget);
   SamplingParams sampling = options.sampling;
   sampling.seed += static_cast<uint64_t>(choice);
   seq->sampler = std::make_unique<Sampler>(sampling, runner_.n_vocab());
@@ -177,6 +206,22 @@ void Engine::Finish(Sequence* seq, FinishReason reason, TokenEvent event) {
   }
 }
 
+bool Engine::EvictIfDue(Sequence* seq, const ScheduledRun& run) {
+  if (!seq->kv_budget.active()) return true;
+  const bool end_of_prefill = run.n_tokens > 1 || seq->n_output() == 0;
+  auto outcome = evictor_.AfterStep(seq, end_of_prefill, kv_, runner_);
+  if (!outcome.ok()) {
+    Finish(seq, FinishReason::kError, -1, "token eviction failed: " + outcome.status().message());
+    return false;
+  }
+  if (outcome->compacted) {
+    evicted_tokens_ += outcome->evicted;
+    blocks_freed_by_compaction_ += outcome->blocks_freed;
+    ++compactions_;
+  }
+  return true;
+}
+
 void Engine::Fork(Sequence* parent) {
   const RequestOptions& options = requests_.at(parent->request).options;
   for (int32_t c = 1; c < parent->seats; ++c) {
@@ -187,6 +232,10 @@ void Engine::Fork(Sequence* parent) {
     child->n_computed = parent->n_computed;
     child->n_in_flight = parent->n_in_flight;
     child->block_hashes = parent->block_hashes;
+    child->slot_positions = parent->slot_positions;
+    child->n_evicted = parent->n_evicted;
+    child->decode_steps_since_eviction = parent->decode_steps_since_eviction;
+    child->attention_mass = parent->attention_mass;
     child->cached_tokens = parent->cached_tokens;
     KVS_CHECK(kv_.Fork(parent->id, child->id).ok());
     scheduler_.AddRunning(child);
@@ -285,10 +334,16 @@ Status Engine::Step(EngineStepStats* stats) {
       continue;
     }
     seq->n_computed += r.n_tokens;
-    // Only committed tokens are hashed, so only they can enter the prefix cache.
-    kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
-    kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
+    // Only committed tokens are hashed, so only they can enter the prefix cache; a sequence
+    // that evicted holds other tokens in its blocks than its hashes name, so it never commits.
+    if (seq->n_evicted == 0) {
+      kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key,
+                         &seq->block_hashes);
+      kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
+    }
     if (r.n_logits == 0) continue;
+    // Before the fork: the choices of a request share the compacted prompt.
+    if (!EvictIfDue(seq, r)) continue;
     std::vector<Sequence*> choices{seq};
     if (seq->seats > 1) {
       Fork(seq);
@@ -311,6 +366,9 @@ Status Engine::Step(EngineStepStats* stats) {
     stats->spec_drafts = spec_drafts_;
     stats->spec_draft_tokens = spec_draft_tokens_;
     stats->spec_accepted_tokens = spec_accepted_tokens_;
+    stats->evicted_tokens = evicted_tokens_;
+    stats->compactions = compactions_;
+    stats->blocks_freed_by_compaction = blocks_freed_by_compaction_;
     stats->n_running = static_cast<int32_t>(scheduler_.running().size());
     stats->n_waiting = static_cast<int32_t>(scheduler_.waiting().size());
     for (const Sequence* s : scheduler_.running()) {

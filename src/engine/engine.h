@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/evictor.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/spec/drafter.h"
@@ -37,6 +38,7 @@ struct EngineConfig {
   bool verify_each_step = false;      // KvCacheManager::VerifyIntegrity after every step
   bool prefix_cache = true;           // share cached full blocks of repeated prefixes
   SpecConfig spec;                    // speculative decoding, when the engine has a drafter
+  EvictionConfig eviction;            // token eviction (--kv-budget ...; requests' kv_budget)
 
   Status Validate() const;
 };
@@ -55,13 +57,21 @@ struct EngineStepStats {
   int64_t spec_drafts = 0;
   int64_t spec_draft_tokens = 0;
   int64_t spec_accepted_tokens = 0;
+  // Token eviction, totals so far: positions dropped, evictions that dropped any, and the whole
+  // blocks they returned to the pool.
+  int64_t evicted_tokens = 0;
+  int64_t compactions = 0;
+  int64_t blocks_freed_by_compaction = 0;
 };
 
 class Engine {
  public:
   // drafter: null, or what proposes drafts for speculative decoding (it must outlive the
   // engine); every decoding sequence may then verify up to config.spec.draft_max drafts a step.
-  Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter = nullptr);
+  // eviction_policy: the token eviction policy (null: made from config.eviction.policy; the
+  // tri policy needs a calibration, so its builder passes it in).
+  Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter = nullptr,
+         std::unique_ptr<EvictionPolicy> eviction_policy = nullptr);
 
   // Queues a request; its tokens stream through on_token. Bad input is an error, never a crash.
   Expected<RequestId> Submit(std::vector<int32_t> prompt, const RequestOptions& options,
@@ -84,6 +94,7 @@ class Engine {
   const KvCacheManager& kv() const { return kv_; }
   const Scheduler& scheduler() const { return scheduler_; }
   const Drafter* drafter() const { return drafter_; }
+  const Evictor& evictor() const { return evictor_; }
 
  private:
   struct RequestState {
@@ -104,6 +115,9 @@ class Engine {
   void ProposeDrafts();
   void VerifyAndEmit(Sequence* seq, size_t run, const float* logits);
   void DropDrafts(Sequence* seq);
+  // Token eviction after a run computed seq's tokens (evictor.h); false when it failed and
+  // finished seq.
+  bool EvictIfDue(Sequence* seq, const ScheduledRun& run);
   void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
@@ -124,6 +138,8 @@ class Engine {
   SpecPolicy spec_policy_;
   std::vector<std::vector<std::vector<TokenProb>>> draft_probs_;  // per run: per draft, its q
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
+  Evictor evictor_;
+  int64_t evicted_tokens_ = 0, compactions_ = 0, blocks_freed_by_compaction_ = 0;
 };
 
 }  // namespace kvs

@@ -28,6 +28,8 @@ void Engine::AddLookahead() {
     blocks_needed += kv_.BlocksToAppend(seq->id, std::min(seq->n_pending(), 1));
     if (seq->in_prefill() || seq->seats > 1 || seq->n_committed() - seq->n_computed != 1) continue;
     if (!requests_.at(seq->request).options.speculative) continue;
+    // Drafters read and write slots as positions; a sequence that evicts never drafts.
+    if (seq->kv_budget.active()) continue;
     candidates.push_back(seq);
   }
   if (candidates.empty()) return;

@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "engine/evictor.h"
+#include "kernels/attention.h"
+
 namespace kvs {
 
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr format, int32_t n_blocks)
@@ -32,18 +35,91 @@ Status ModelRunner::Execute(const StepInput& step, float* logits) {
   KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
   batch_.Clear();
   for (const ScheduledRun& r : step.runs) {
-    const Sequence& seq = *r.seq;
+    Sequence& seq = *r.seq;
     const BlockTable& table = step.kv->Table(seq.id);
     std::vector<int32_t> kernel_blocks;
     kernel_blocks.reserve(table.blocks.size() * m);
     for (BlockId b : table.blocks) {
       for (int32_t j = 0; j < m; ++j) kernel_blocks.push_back(b.value * m + j);
     }
-    batch_.AddSequence(seq.tokens.data() + seq.n_computed, r.n_tokens, seq.n_computed,
-                       std::move(kernel_blocks), r.n_logits);
+    // After token eviction the cached slots are fewer than the positions computed, and slot i
+    // holds the key of position slot_positions[i]; new tokens continue at their true positions.
+    const int32_t n_cached = seq.n_slots();
+    std::vector<int32_t> key_positions;
+    if (seq.n_evicted > 0) {
+      key_positions.reserve(static_cast<size_t>(n_cached) + r.n_tokens);
+      key_positions = seq.slot_positions;
+      for (int32_t i = 0; i < r.n_tokens; ++i) key_positions.push_back(seq.n_computed + i);
+    }
+    batch_.AddSequence(seq.tokens.data() + seq.n_computed, r.n_tokens, n_cached,
+                       std::move(kernel_blocks), r.n_logits, seq.n_computed,
+                       std::move(key_positions));
+    if (seq.observe_attention) {
+      seq.attention_mass.resize(static_cast<size_t>(n_cached) + r.n_tokens, 0.0f);
+      BatchSequence& bs = batch_.sequences.back();
+      bs.attention_mass = seq.attention_mass.data();
+      bs.mass_first_token = Evictor::FirstObservedToken(seq, seq.n_computed, r.n_tokens);
+    }
   }
   storage_.ReservePositions(batch_.max_position + 1);
   return forward_.Run(batch_, storage_.layers(), logits);
+}
+
+KvKeyShape ModelRunner::key_shape() const {
+  const ModelConfig& c = model_.config();
+  return {c.n_layer, c.n_head_kv, c.head_dim_k};
+}
+
+Status ModelRunner::ReadKeys(const Sequence& seq, const BlockTable& table, int32_t layer,
+                             std::span<float> keys) {
+  const ModelConfig& c = model_.config();
+  const int32_t n = seq.n_slots(), hk = c.head_dim_k;
+  if (layer < 0 || layer >= c.n_layer ||
+      keys.size() != static_cast<size_t>(n) * c.n_head_kv * hk || table.num_tokens < n) {
+    return Status::Error("ReadKeys: layer, slot count or key buffer out of range");
+  }
+  const int32_t m = storage_.kernel_blocks_per_block();
+  std::vector<int32_t> kernel_blocks;
+  for (BlockId b : table.blocks) {
+    for (int32_t j = 0; j < m; ++j) kernel_blocks.push_back(b.value * m + j);
+  }
+  const KvLayerView& view = storage_.layers()[layer];
+  const float* key_rope = nullptr;
+  if (view.NeedsRopeTable() && seq.n_evicted > 0) {
+    GatherKeyRope(view, seq.slot_positions, &key_rope_);
+    key_rope = key_rope_.data();
+  }
+  head_keys_.resize(static_cast<size_t>(n) * hk);
+  for (int32_t g = 0; g < c.n_head_kv; ++g) {
+    LoadKeys(view.Head(g, kernel_blocks.data(), key_rope), hk, n, head_keys_.data());
+    const bool add_offset = view.key_coding == KeyCodingKind::kConstantOffset;
+    for (int32_t i = 0; i < n; ++i) {
+      float* dst = keys.data() + (static_cast<size_t>(i) * c.n_head_kv + g) * hk;
+      const float* src = head_keys_.data() + static_cast<size_t>(i) * hk;
+      for (int32_t d = 0; d < hk; ++d) {
+        dst[d] = src[d] + (add_offset ? view.k_offset[static_cast<size_t>(g) * hk + d] : 0.0f);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status ModelRunner::MoveSlots(const BlockTable& table, std::span<const SlotMove> moves) {
+  const int32_t bs = storage_.geometry().block_size;
+  const int64_t capacity = static_cast<int64_t>(table.blocks.size()) * bs;
+  for (const SlotMove& mv : moves) {
+    if (mv.src < 0 || mv.dst < 0 || mv.src >= capacity || mv.dst >= capacity) {
+      return Status::Error(StrFormat("MoveSlots: slot %d or %d is outside the table", mv.src,
+                                     mv.dst));
+    }
+  }
+  auto physical = [&](int32_t slot) {
+    return static_cast<int64_t>(table.blocks[slot / bs].value) * bs + slot % bs;
+  };
+  for (const KvLayerView& layer : storage_.layers()) {
+    for (const SlotMove& mv : moves) MoveKvSlot(layer, physical(mv.src), physical(mv.dst));
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvs

@@ -23,6 +23,10 @@ class ModelRunner final : public StepRunner {
   Status CopyBlocks(std::span<const BlockCopy> copies) override;
   double KvShareAt(int32_t n_context) const override;
   Status Execute(const StepInput& step, float* logits) override;
+  KvKeyShape key_shape() const override;
+  Status ReadKeys(const Sequence& seq, const BlockTable& table, int32_t layer,
+                  std::span<float> keys) override;
+  Status MoveSlots(const BlockTable& table, std::span<const SlotMove> moves) override;
   const KvStorage& storage() const { return storage_; }
   // The self drafter writes its draft tokens' K/V into the sequences' own lookahead slots.
   KvStorage& mutable_storage() { return storage_; }
@@ -34,6 +38,7 @@ class ModelRunner final : public StepRunner {
   KvStorage storage_;
   ForwardPass forward_;
   RaggedBatch batch_;
+  std::vector<float> head_keys_, key_rope_;  // ReadKeys scratch
 };
 
 }  // namespace kvs

@@ -11,6 +11,7 @@
 #include "core/ids.h"
 #include "engine/sampler.h"
 #include "engine/spec/spec_policy.h"
+#include "engine/eviction_config.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {
@@ -32,6 +33,7 @@ struct RequestOptions {
                             // sampling's penalties and temperature)
   bool speculative = true;  // false: this request never drafts (the request field
                             // "speculative": false), whatever the engine's --spec-type
+  KvBudget kv_budget;       // the request field kv_budget; unset: the engine's --kv-budget
 };
 
 struct TokenLogprob {
@@ -91,6 +93,17 @@ struct Sequence {
   int32_t cached_tokens = -1;  // prefix-cache hit at first admission (-1: not admitted yet)
   std::unique_ptr<Sampler> sampler;
   SpecState spec;  // speculative decoding's acceptance estimate (spec_policy.h)
+  // Token eviction (engine/evictor.h). Once a sequence has evicted, its cached slots no longer
+  // hold positions 0, 1, ...: slot i holds the key of position slot_positions[i] (empty while
+  // nothing was evicted), and n_evicted positions are gone, so it holds n_slots() slots.
+  KvBudget kv_budget;  // unset: no eviction
+  std::vector<int32_t> slot_positions;
+  int32_t n_evicted = 0;
+  int32_t decode_steps_since_eviction = 0;
+  // [slots] attention each slot received from the observed queries (h2o and snapkv): the model
+  // runner adds to it while observe_attention; compaction keeps the kept slots' entries.
+  bool observe_attention = false;
+  std::vector<float> attention_mass;
 
   int32_t n_committed() const { return static_cast<int32_t>(tokens.size()) - n_in_flight; }
   int32_t n_output() const { return n_committed() - n_prompt; }
@@ -99,6 +112,14 @@ struct Sequence {
   int32_t n_pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
   // More than the last committed token left to compute; drafts after it do not count.
   bool in_prefill() const { return n_committed() - n_computed > 1; }
+  int32_t n_slots() const { return n_computed - n_evicted; }
+  // Back to a sequence that never evicted (preemption recomputes it from its tokens).
+  void ResetEviction() {
+    slot_positions.clear();
+    n_evicted = 0;
+    decode_steps_since_eviction = 0;
+    attention_mass.clear();
+  }
 };
 
 }  // namespace kvs

@@ -139,6 +139,7 @@ void Scheduler::Apply(const SchedulePlan& plan, std::vector<BlockCopy>* copies) 
     Erase(running_, seq);
     kv_.Free(seq->id);
     seq->n_computed = 0;
+    seq->ResetEviction();
     ++seq->n_preemptions;
     AddWaiting(seq);
   }

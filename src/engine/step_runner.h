@@ -6,6 +6,7 @@
 
 #include "core/status.h"
 #include "engine/scheduler.h"
+#include "kv/compaction.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {
@@ -17,6 +18,13 @@ struct StepInput {
 };
 
 // Whether a run needs logits (the scheduler decided: ScheduledRun::n_logits).
+// The keys a runner can read back for token eviction: [slot][n_head_kv][head_dim] per layer.
+struct KvKeyShape {
+  int32_t n_layer = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;
+};
+
 inline bool RunSamples(const ScheduledRun& r) {
   return r.n_logits > 0;
 }
@@ -34,7 +42,22 @@ class StepRunner {
   virtual double KvShareAt(int32_t n_context) const { return 0.0; }
   // Copies blocks, computes every run, and writes logits[sum of n_logits][n_vocab]: each run's
   // rows, for its last n_logits positions, in run order.
+  // Also adds the attention observed queries give each slot to Sequence::attention_mass for
+  // sequences with observe_attention (token eviction's h2o and snapkv).
   virtual Status Execute(const StepInput& step, float* logits) = 0;
+
+  // Token eviction (engine/evictor.h). A runner that cannot evict keeps these defaults.
+  virtual KvKeyShape key_shape() const { return {}; }
+  // keys[seq.n_slots()][n_head_kv][head_dim]: one layer's keys of the sequence's cached slots
+  // as the model wrote them (after RoPE), read through table.
+  virtual Status ReadKeys(const Sequence& seq, const BlockTable& table, int32_t layer,
+                          std::span<float> keys) {
+    return Status::Error("this runner cannot read keys back");
+  }
+  // Moves K/V (every layer, as bytes) between the table's logical slots, in order.
+  virtual Status MoveSlots(const BlockTable& table, std::span<const SlotMove> moves) {
+    return Status::Error("this runner cannot move KV slots");
+  }
 };
 
 }  // namespace kvs

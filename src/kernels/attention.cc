@@ -677,4 +677,25 @@ void AttentionMass(const AttentionShape& shape, const KvHeadView& kv, const floa
   }
 }
 
+void LoadKeys(const KvHeadView& kv, int32_t hk, int32_t n_keys, float* keys) {
+  std::vector<float> offset(hk), cos_sin(std::max(kv.n_rot, 1));
+  for (int32_t j = 0; j < n_keys; ++j) {
+    float* key = keys + static_cast<size_t>(j) * hk;
+    if (kv.k_whitening != nullptr) {
+      LoadWhitenedKey(kv, hk, j, key);
+      continue;
+    }
+    const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
+    for (int32_t d = 0; d < hk; ++d) key[d] = LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
+    if (KvTypeIsRotated(kv.k_type)) RotateBack(key, hk);
+    if (kv.k_offset != nullptr) {
+      // Stored less R(p)·m: add m turned to the key's position back.
+      std::copy(kv.k_offset, kv.k_offset + hk, offset.begin());
+      RopeFromTable(kv.rope_table, kv.n_rot, j, cos_sin.data());
+      ApplyRope(offset.data(), cos_sin.data(), kv.n_rot, kv.rope_neox);
+      for (int32_t d = 0; d < hk; ++d) key[d] += offset[d];
+    }
+  }
+}
+
 }  // namespace kvs

@@ -84,6 +84,12 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
 void AttentionMass(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
                    const int32_t* n_keys, int n_queries, float* mass);
 
+// keys[n_keys][head_dim_k]: keys 0..n_keys of one head as the model wrote them (after RoPE),
+// decoded by the head's key coding (a RoPE-following offset added back, whitened keys
+// unwhitened and turned). A constant offset (KeyCodingKind::kConstantOffset) is not in the view:
+// the caller adds it back. What attention-free eviction policies read (kv/eviction_policy.h).
+void LoadKeys(const KvHeadView& kv, int32_t head_dim_k, int32_t n_keys, float* keys);
+
 // Logical block i of one head: the head blocks of its keys and values.
 inline const uint8_t* KeyBlock(const KvHeadView& kv, int32_t i) {
   return kv.k_base + static_cast<size_t>(kv.block_ids[i]) * kv.k_block_stride;

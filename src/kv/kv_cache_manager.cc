@@ -138,6 +138,7 @@ void KvCacheManager::CommitFullBlocks(SeqId seq, std::span<const BlockHash> hash
   auto it = tables_.find(seq);
   if (it == tables_.end()) return;
   BlockTable& t = it->second;
+  if (t.compacted) return;
   const size_t full = std::min(
       static_cast<size_t>(std::min(n_computed, t.num_tokens) / block_size_), hashes.size());
   while (t.hashes.size() < full) {
@@ -241,6 +242,41 @@ Status KvCacheManager::Truncate(SeqId seq, int32_t n_tokens) {
   // A kept block that is now partial will be written from n_tokens on: out of the index.
   if (keep > full) Uncache(t.blocks[full]);
   return Status::Ok();
+}
+
+Status KvCacheManager::Compact(SeqId seq, int32_t first_rewritten, int32_t n_slots) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) {
+    return Status::Error(StrFormat("compact: no sequence %lld", (long long)seq.value));
+  }
+  BlockTable& t = it->second;
+  if (n_slots < 0 || n_slots > t.num_tokens || first_rewritten < 0 ||
+      first_rewritten > n_slots) {
+    return Status::Error(StrFormat("compact: sequence %lld holds %d slots, not %d (rewritten from %d)",
+                                   (long long)seq.value, t.num_tokens, n_slots, first_rewritten));
+  }
+  const size_t first_block = static_cast<size_t>(first_rewritten / block_size_);
+  const size_t kept_blocks = static_cast<size_t>(BlocksFor(n_slots));
+  for (size_t i = first_block; i < kept_blocks; ++i) {
+    if (pool_.ref_count(t.blocks[i]) > 1) {
+      return Status::Error(StrFormat("compact: block %d of sequence %lld is shared",
+                                     t.blocks[i].value, (long long)seq.value));
+    }
+  }
+  for (size_t i = first_block; i < kept_blocks; ++i) Uncache(t.blocks[i]);
+  if (t.hashes.size() > first_block) t.hashes.resize(first_block);
+  t.compacted = true;
+  return Truncate(seq, n_slots);
+}
+
+int32_t KvCacheManager::SharedPrefixSlots(SeqId seq) const {
+  const BlockTable& t = Table(seq);
+  int32_t n = 0;
+  for (BlockId id : t.blocks) {
+    if (pool_.ref_count(id) <= 1) break;
+    n += block_size_;
+  }
+  return std::min(n, t.num_tokens);
 }
 
 Status KvCacheManager::VerifyIntegrity() const {

@@ -34,6 +34,9 @@ struct BlockTable {
   std::vector<BlockId> blocks;    // logical block i -> physical block id
   int32_t num_tokens = 0;         // positions with a slot (KV written, or written this step)
   std::vector<BlockHash> hashes;  // chain hashes of its first full, computed blocks
+  // Token eviction moved kept slots over evicted ones (Compact): past `hashes`, the blocks hold
+  // other tokens than the sequence's, so they never enter the prefix index.
+  bool compacted = false;
 };
 
 // The longest cached prefix of a token sequence: whole blocks, never the last token (whose
@@ -107,6 +110,19 @@ class KvCacheManager {
   // still copied before the next write (Append). Errors, changing nothing: n_tokens < 0, or
   // more than the sequence holds. An absent sequence reads as empty (Truncate to 0: no-op).
   Status Truncate(SeqId seq, int32_t n_tokens);
+
+  // After token eviction moved a sequence's kept slots forward (kv/compaction.h), so that slots
+  // from first_rewritten on hold other tokens than before, the sequence keeps its first n_slots
+  // slots: the blocks from first_rewritten's on leave the prefix index (their bytes changed),
+  // the table keeps hashes only of the blocks before it and is marked compacted (it never
+  // commits again), and whole blocks past n_slots return to the pool at once, last first.
+  // Rewritten blocks must be this sequence's alone (refcount 1): shared blocks are never
+  // rewritten (the caller freezes them). Errors, changing nothing: bad counts, a shared
+  // rewritten block, an absent sequence.
+  Status Compact(SeqId seq, int32_t first_rewritten, int32_t n_slots);
+  // Leading slots of the sequence in blocks shared with another sequence (refcount > 1): what
+  // eviction must keep in place.
+  int32_t SharedPrefixSlots(SeqId seq) const;
 
   // --- Prefix cache (full blocks, hash chain; freed blocks keep their hash until reused).
   void set_prefix_caching(bool on) { prefix_caching_ = on; }
