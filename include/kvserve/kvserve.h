@@ -92,6 +92,15 @@ struct EngineOptions {
   int32_t draft_window = 0;  // --draft-window: recent positions a self draft reads (0: all)
   int32_t draft_max = 4;     // --draft-max: most drafts per sequence and step
   int32_t draft_min = 0;     // --draft-min: adaptive k never goes below it
+
+  // Token eviction: each sequence keeps at most kv_budget positions ("1024", or "25%" of its
+  // length; "" or "0": off), never the first kv_sink nor the last kv_window; evict_policy
+  // scores the rest (streaming, h2o, snapkv, keydiff, tri); evicted blocks return to the pool.
+  std::string kv_budget;
+  int32_t kv_sink = 4;
+  int32_t kv_window = 32;
+  std::string evict_policy = "keydiff";
+  int32_t evict_every = 0;  // decode steps between evictions (0: once a block past the budget)
 };
 
 struct GenerationOptions {
@@ -113,6 +122,7 @@ struct GenerationOptions {
   bool ignore_eos = false;  // else the model's end-of-generation tokens stop a choice
   std::vector<int32_t> stop_tokens;  // more tokens that stop a choice
   bool speculative = true;  // false: never draft for this request (when the engine speculates)
+  std::string kv_budget;    // this request's KV budget ("512", "25%"); "": the engine's
 };
 
 struct TokenEvent {
@@ -149,6 +159,10 @@ struct EngineStats {
   int64_t spec_drafts = 0;           // verifications with at least one draft
   int64_t spec_draft_tokens = 0;     // tokens drafted
   int64_t spec_accepted_tokens = 0;  // of those, accepted
+  // Token eviction totals.
+  int64_t evicted_tokens = 0;              // positions dropped
+  int64_t compactions = 0;                 // evictions that dropped any
+  int64_t blocks_freed_by_compaction = 0;  // whole blocks they returned to the pool
 };
 
 class Engine {

@@ -201,6 +201,17 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   ec.n_blocks = static_cast<int32_t>(n_blocks);
   ec.reserve_full_context = o.reserve_full_context;
   ec.prefix_cache = o.prefix_cache;
+  ec.eviction.guard = {o.kv_sink, o.kv_window};
+  ec.eviction.policy = o.evict_policy;
+  ec.eviction.every = o.evict_every;
+  {
+    auto budget = kvs::ParseKvBudget(o.kv_budget, ec.eviction.guard);
+    if (!budget.ok()) {
+      *error = budget.error();
+      return nullptr;
+    }
+    ec.eviction.budget = *budget;
+  }
   ec.spec.draft_max = o.draft_max;
   ec.spec.draft_min = o.draft_min;
   kvs::SpecOptions spec;
@@ -307,10 +318,16 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     if (e.finished) out.text += it->second.Flush();
     if (on_token) on_token(out);
   };
-  auto id = impl_->engine->Submit(std::move(prompt),
-                                  ToRequestOptions(options, model.impl().model->weights_digest(),
-                                                   *impl_->kv_format, impl_->end_of_generation),
-                                  callback);
+  kvs::RequestOptions request = ToRequestOptions(options, model.impl().model->weights_digest(),
+                                                 *impl_->kv_format, impl_->end_of_generation);
+  auto budget =
+      kvs::ParseKvBudget(options.kv_budget, impl_->engine->config().eviction.guard, "kv_budget");
+  if (!budget.ok()) {
+    *error = budget.error();
+    return 0;
+  }
+  request.kv_budget = *budget;
+  auto id = impl_->engine->Submit(std::move(prompt), std::move(request), callback);
   if (!id.ok()) {
     *error = id.error();
     return 0;
@@ -342,6 +359,9 @@ EngineStats Engine::stats() const {
   s.spec_drafts = load.spec_drafts;
   s.spec_draft_tokens = load.spec_draft_tokens;
   s.spec_accepted_tokens = load.spec_accepted_tokens;
+  s.evicted_tokens = load.evicted_tokens;
+  s.compactions = load.compactions;
+  s.blocks_freed_by_compaction = load.blocks_freed_by_compaction;
   return s;
 }
 

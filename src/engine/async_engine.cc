@@ -5,10 +5,10 @@
 namespace kvs {
 
 AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner,
-                         SpecRuntime spec)
+                         SpecRuntime spec, std::unique_ptr<EvictionPolicy> eviction_policy)
     : runner_(std::move(runner)),
       spec_(std::move(spec)),
-      engine_(config, *runner_, spec_.drafter.get()) {
+      engine_(config, *runner_, spec_.drafter.get(), std::move(eviction_policy)) {
   load_.usable_blocks = engine_.kv().num_usable_blocks();
   load_.free_blocks = engine_.kv().num_free_blocks();
   thread_ = std::thread([this] { Loop(); });
@@ -106,6 +106,9 @@ void AsyncEngine::Loop() {
       load_.spec_drafts = stats.spec_drafts;
       load_.spec_draft_tokens = stats.spec_draft_tokens;
       load_.spec_accepted_tokens = stats.spec_accepted_tokens;
+      load_.evicted_tokens = stats.evicted_tokens;
+      load_.compactions = stats.compactions;
+      load_.blocks_freed_by_compaction = stats.blocks_freed_by_compaction;
     }
   }
 }

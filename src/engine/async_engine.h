@@ -30,13 +30,17 @@ struct EngineLoad {
   int64_t spec_drafts = 0;  // EngineStepStats' speculative decoding totals
   int64_t spec_draft_tokens = 0;
   int64_t spec_accepted_tokens = 0;
+  int64_t evicted_tokens = 0;  // EngineStepStats' token eviction totals
+  int64_t compactions = 0;
+  int64_t blocks_freed_by_compaction = 0;
 };
 
 class AsyncEngine {
  public:
   // spec: the drafter (and what it reads) when the engine speculates.
+  // eviction_policy: as Engine's (null: made from config.eviction.policy).
   AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner,
-              SpecRuntime spec = {});
+              SpecRuntime spec = {}, std::unique_ptr<EvictionPolicy> eviction_policy = nullptr);
   ~AsyncEngine();  // Shutdown()
 
   // Validates at once (bad input is an error here, not a callback) and queues the request.

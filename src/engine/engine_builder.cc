@@ -122,7 +122,10 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   auto spec = MakeSpec(config, *local.runner);
   if (!spec.ok()) return spec.status();
   local.spec = std::move(*spec);
-  local.engine = std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get());
+  auto policy = EvictionPolicyFor(config.eviction);
+  if (!policy.ok()) return policy.status();
+  local.engine = std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get(),
+                                          std::move(*policy));
   return local;
 }
 
@@ -131,7 +134,15 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
   if (!runner.ok()) return runner.status();
   auto spec = MakeSpec(config, **runner);
   if (!spec.ok()) return spec.status();
-  return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec));
+  auto policy = EvictionPolicyFor(config.eviction);
+  if (!policy.ok()) return policy.status();
+  return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec),
+                                       std::move(*policy));
+}
+
+Expected<std::unique_ptr<EvictionPolicy>> EngineBuilder::EvictionPolicyFor(
+    const EvictionConfig& config) {
+  return MakeEvictionPolicy(config.policy);
 }
 
 Expected<std::unique_ptr<SingleSequence>> EngineBuilder::Single(int32_t n_ctx) {

@@ -40,6 +40,8 @@ class EngineBuilder {
   // (a draft model that cannot pair with the target is refused here, naming the mismatch).
   Status Speculative(SpecOptions options);
 
+  // The token eviction policy config.eviction names (the tri policy calibrated here, once).
+  Expected<std::unique_ptr<EvictionPolicy>> EvictionPolicyFor(const EvictionConfig& config);
   // The model runner over config.n_blocks blocks of config.block_size.
   Expected<std::unique_ptr<ModelRunner>> Runner(const EngineConfig& config);
   Expected<LocalEngine> Local(const EngineConfig& config);
