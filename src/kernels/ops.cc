@@ -17,11 +17,16 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
   }
 }
 
+double RopeFrequency(int32_t i, const RopeParams& p) {
+  double freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
+  if (p.freq_factors) freq /= p.freq_factors[i];
+  return freq;
+}
+
 void RopeAngles(int32_t pos, const RopeParams& p, float* cos_sin) {
   const int32_t half = p.n_rot / 2;
   for (int32_t i = 0; i < half; ++i) {
-    double freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
-    if (p.freq_factors) freq /= p.freq_factors[i];
+    const double freq = RopeFrequency(i, p);
     double theta = static_cast<double>(pos) * p.freq_scale * freq;
     cos_sin[i] = static_cast<float>(std::cos(theta));
     cos_sin[half + i] = static_cast<float>(std::sin(theta));

@@ -23,6 +23,10 @@ struct RopeParams {
 // (RopeAngles, into cos_sin[n_rot]: cos in the first half, sin in the second) and applied
 // to every head of every layer (ApplyRope).
 void RopeAngles(int32_t pos, const RopeParams& p, float* cos_sin);
+// Pair i's turn per position before freq_scale (base^(-2i/n_rot), over its freq factor): pair i
+// turns by pos * freq_scale * RopeFrequency(i, p) radians. RopeAngles computes it this way, so
+// what reads the angles elsewhere (the tri eviction policy's calibration) matches bit for bit.
+double RopeFrequency(int32_t i, const RopeParams& p);
 void ApplyRope(float* x, const float* cos_sin, int32_t n_rot, bool neox);
 // The two dims RoPE turns together as pair i < n_rot / 2 (adjacent, or half apart for neox).
 struct RopePair {

@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "kv/tri_policy.h"
+
 namespace kvs {
 
 Status StreamingPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
@@ -90,15 +92,26 @@ Status SnapKvPolicy::Score(const EvictionInput& input, std::span<float> scores) 
   return Status::Ok();
 }
 
-Expected<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name) {
+Expected<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(
+    std::string_view name, std::shared_ptr<const TriCalibration> tri) {
   if (name == "streaming") return std::unique_ptr<EvictionPolicy>(new StreamingPolicy());
   if (name == "keydiff") return std::unique_ptr<EvictionPolicy>(new KeyDiffPolicy());
   if (name == "h2o") return std::unique_ptr<EvictionPolicy>(new H2oPolicy());
   if (name == "snapkv") return std::unique_ptr<EvictionPolicy>(new SnapKvPolicy());
+  if (name == "tri") {
+    if (tri == nullptr) {
+      return Status::Error(
+          "--evict-policy tri: the tri policy needs a calibration pass over the model (its "
+          "mean queries before RoPE); the engine runs it at start-up");
+    }
+    KVS_RETURN_IF_ERROR(tri->Validate());
+    return std::unique_ptr<EvictionPolicy>(new TriPolicy(std::move(tri)));
+  }
   return Status::Error("--evict-policy '" + std::string(name) +
                        "': expected streaming (sinks + recent window), h2o (attention "
-                       "received), snapkv (attention of the prompt's last tokens, pooled) or "
-                       "keydiff (keys least like the mean key)");
+                       "received), snapkv (attention of the prompt's last tokens, pooled), "
+                       "keydiff (keys least like the mean key) or tri (pre-RoPE key geometry "
+                       "against calibrated query centres)");
 }
 
 Expected<std::vector<int32_t>> SelectKept(std::span<const float> scores, int32_t budget,

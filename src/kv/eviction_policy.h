@@ -87,8 +87,13 @@ class SnapKvPolicy final : public EvictionPolicy {
   Status Score(const EvictionInput& input, std::span<float> scores) const override;
 };
 
-// --evict-policy NAME -> the policy; an unknown name is an error listing the known ones.
-Expected<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name);
+struct TriCalibration;  // kv/tri_policy.h
+
+// --evict-policy NAME -> the policy; an unknown name is an error listing the known ones. "tri"
+// needs the model's calibration (engine/query_centres.h: MeasureTriCalibration); without one,
+// or with one that fails TriCalibration::Validate, it is an error.
+Expected<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(
+    std::string_view name, std::shared_ptr<const TriCalibration> tri = nullptr);
 
 // The slots to keep, ascending: slots below `frozen` (shared with other sequences or the
 // prefix cache: never rewritten), the sinks, the last guard.window, and the best-scored others

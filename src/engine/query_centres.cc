@@ -1,0 +1,70 @@
+#include "engine/query_centres.h"
+
+#include "engine/kv_format_factory.h"
+#include "kernels/ops.h"
+#include "kv/kv_format.h"
+#include "kv/kv_storage.h"
+#include "model/forward.h"
+
+namespace kvs {
+
+Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
+    const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens) {
+  const ModelConfig& c = model.config();
+  const int32_t n_tokens = static_cast<int32_t>(tokens.size());
+  if (n_tokens < 1) return Status::Error("tri calibration: no calibration tokens");
+  const int32_t n_blocks = (n_tokens + kKvBlockTokens - 1) / kKvBlockTokens;
+  KvStorage storage(PlainKvFormat(ModelKvGeometry(c, kKvBlockTokens)), n_blocks + 1);
+  std::vector<int32_t> blocks(n_blocks);
+  for (int32_t b = 0; b < n_blocks; ++b) blocks[b] = b + 1;  // as MeasureKeyCoding lays them out
+  RaggedBatch batch;
+  batch.AddSequence(tokens.data(), n_tokens, 0, blocks, 0);
+
+  auto cal = std::make_shared<TriCalibration>();
+  cal->n_layer = c.n_layer;
+  cal->n_head = c.n_head;
+  cal->n_head_kv = c.n_head_kv;
+  cal->head_dim = c.head_dim_k;
+  cal->n_rot = c.n_rot;
+  cal->rope_neox = c.rope_neox;
+  const ModelWeights& w = model.weights();
+  const RopeParams rope{c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
+                        w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
+  // From RopeAngles' own formula, not atan2 of its cos/sin at position 1: that folds angles
+  // above π (freq_scale * freq > π happens with rope_freqs factors below 1) into (−π, π].
+  cal->theta.resize(c.n_rot / 2);
+  for (int32_t i = 0; i < c.n_rot / 2; ++i) {
+    cal->theta[i] = static_cast<float>(c.rope_freq_scale * RopeFrequency(i, rope));
+  }
+
+  // Each query turned back by its token's position: the inverse of the forward pass's ApplyRope
+  // with the same float cos/sin, so what is undone is exactly what was done.
+  const int32_t hd = c.head_dim_k, n_rot = c.n_rot;
+  const size_t q_row = static_cast<size_t>(c.n_head) * hd;
+  std::vector<double> sum(static_cast<size_t>(c.n_layer) * q_row, 0.0);  // [layer][head][dim]
+  std::vector<float> cos_sin(n_rot), q(hd);                              // [n_rot], [head_dim]
+  ForwardPass forward(model, pool);
+  forward.set_query_tap([&](int32_t layer, const RaggedBatch& b, const float* queries) {
+    for (int32_t i = 0; i < b.n_tokens(); ++i) {
+      RopeAngles(b.positions[i], rope, cos_sin.data());
+      for (int32_t j = n_rot / 2; j < n_rot; ++j) cos_sin[j] = -cos_sin[j];  // rotate by -p
+      for (int32_t h = 0; h < c.n_head; ++h) {
+        const float* qh = queries + i * q_row + static_cast<size_t>(h) * hd;
+        q.assign(qh, qh + hd);
+        ApplyRope(q.data(), cos_sin.data(), n_rot, c.rope_neox);
+        double* s = sum.data() + static_cast<size_t>(layer) * q_row + static_cast<size_t>(h) * hd;
+        for (int32_t e = 0; e < hd; ++e) s[e] += q[e];
+      }
+    }
+  });
+  const Status run = forward.Run(batch, storage.layers(), nullptr);
+  if (!run.ok()) return Status::Error("tri calibration run: " + run.message());
+
+  cal->query_mean.resize(sum.size());
+  for (size_t e = 0; e < sum.size(); ++e)
+    cal->query_mean[e] = static_cast<float>(sum[e] / n_tokens);
+  KVS_RETURN_IF_ERROR(cal->Validate());
+  return std::shared_ptr<const TriCalibration>(std::move(cal));
+}
+
+}  // namespace kvs
