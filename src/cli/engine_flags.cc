@@ -54,6 +54,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
   AddSpecFlags(cmd, f);
+  AddEvictionFlags(cmd, f);
   cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -94,6 +95,33 @@ void AddSpecFlags(CLI::App* cmd, EngineFlags* f) {
                       "attention is local)")
           ->capture_default_str()
           ->check(CLI::Range(0, 1 << 24));
+}
+
+void AddEvictionFlags(CLI::App* cmd, EngineFlags* f) {
+  kvserve::EngineOptions& o = f->options;
+  cmd->add_option("--kv-budget", o.kv_budget,
+                  "Token eviction: positions of KV each sequence keeps (e.g. 1024), or a share "
+                  "of its length (25%); the rest is evicted and whole blocks return to the pool "
+                  "(default: off)");
+  cmd->add_option("--kv-sink", o.kv_sink, "Token eviction: first positions never evicted")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-window", o.kv_window,
+                  "Token eviction: most recent positions never evicted")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--evict-policy", o.evict_policy,
+                  "Token eviction: which positions to keep: keydiff (keys least like the mean "
+                  "key), streaming (sinks + recent), h2o (attention received), snapkv (attention "
+                  "of the prompt's last tokens, pooled), tri (key geometry against calibrated "
+                  "query centres)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"keydiff", "streaming", "h2o", "snapkv", "tri"}));
+  cmd->add_option("--evict-every", o.evict_every,
+                  "Token eviction: decode steps between evictions (0: once a sequence has grown "
+                  "a block past its budget)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
 }
 
 CLI::Validator RealRange(double lo, double hi, bool lo_open) {

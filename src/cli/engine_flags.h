@@ -26,6 +26,9 @@ struct EngineFlags {
 // Registers the flags on cmd; default_parallel is -np's default for this command.
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, int32_t default_parallel);
 
+// --kv-budget, --kv-sink, --kv-window, --evict-policy, --evict-every (token eviction).
+void AddEvictionFlags(CLI::App* cmd, EngineFlags* flags);
+
 // --check-tensors, for every command that loads a model to run it.
 void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options);
 

@@ -333,7 +333,7 @@ Status Engine::Step(EngineStepStats* stats) {
       VerifyAndEmit(seq, i, logits);
       continue;
     }
-    seq->n_computed += r.n_tokens;
+    seq->AdvanceComputed(r.n_tokens);
     // Only committed tokens are hashed, so only they can enter the prefix cache; a sequence
     // that evicted holds other tokens in its blocks than its hashes name, so it never commits.
     if (seq->n_evicted == 0) {

@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "core/log.h"
+#include "engine/key_offsets.h"
+#include "engine/query_centres.h"
 #include "engine/spec/draft_model_drafter.h"
 #include "engine/spec/self_drafter.h"
 #include "model/compressed_view.h"
@@ -142,7 +144,14 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
 
 Expected<std::unique_ptr<EvictionPolicy>> EngineBuilder::EvictionPolicyFor(
     const EvictionConfig& config) {
-  return MakeEvictionPolicy(config.policy);
+  if (config.policy != "tri") return MakeEvictionPolicy(config.policy);
+  if (tri_ == nullptr) {
+    auto calibration = MeasureTriCalibration(
+        model_, pool_, KeyCalibrationTokens(tokenizer_, model_.config().n_vocab));
+    if (!calibration.ok()) return calibration.status();
+    tri_ = std::move(*calibration);
+  }
+  return MakeEvictionPolicy(config.policy, tri_);
 }
 
 Expected<std::unique_ptr<SingleSequence>> EngineBuilder::Single(int32_t n_ctx) {

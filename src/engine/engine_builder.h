@@ -15,6 +15,7 @@
 #include "engine/model_runner.h"
 #include "engine/single_sequence.h"
 #include "engine/spec/spec_runtime.h"
+#include "kv/tri_policy.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -60,6 +61,7 @@ class EngineBuilder {
   KvFormatPtr format_;  // the last one made, and the context it was made for
   int32_t format_ctx_ = 0;
   SpecOptions spec_;
+  std::shared_ptr<const TriCalibration> tri_;  // the tri eviction policy's, once measured
 };
 
 }  // namespace kvs

@@ -55,6 +55,11 @@ Status EvictionConfig::Validate() const {
     return Status::Error(StrFormat("--kv-window %d: must be between 0 and 1048576", guard.window));
   }
   if (every < 0) return Status::Error(StrFormat("--evict-every %d: must be >= 0", every));
+  // tri is made by EngineBuilder (it needs a calibration pass); the others by name.
+  if (policy != "tri") {
+    auto made = MakeEvictionPolicy(policy);
+    if (!made.ok()) return made.status();
+  }
   if (budget.active() && !budget.percent &&
       budget.value < int64_t{guard.sink} + guard.window) {
     return Status::Error(StrFormat(

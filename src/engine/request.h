@@ -113,6 +113,13 @@ struct Sequence {
   // More than the last committed token left to compute; drafts after it do not count.
   bool in_prefill() const { return n_committed() - n_computed > 1; }
   int32_t n_slots() const { return n_computed - n_evicted; }
+  // n more tokens were computed into the next slots (at their true positions).
+  void AdvanceComputed(int32_t n) {
+    if (n_evicted > 0) {
+      for (int32_t i = 0; i < n; ++i) slot_positions.push_back(n_computed + i);
+    }
+    n_computed += n;
+  }
   // Back to a sequence that never evicted (preemption recomputes it from its tokens).
   void ResetEviction() {
     slot_positions.clear();
