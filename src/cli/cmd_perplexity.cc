@@ -25,6 +25,8 @@ Runner AddPerplexityCommand(CLI::App& root) {
     std::string kl_base_type = "f32";
     std::string kv_calibration;
     kvserve::ModelOptions model_options;
+    std::string kv_budget;
+    EvictionConfig eviction;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = root.add_subcommand(
@@ -55,8 +57,34 @@ Runner AddPerplexityCommand(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--kv-calibration", a->kv_calibration, kKvCalibrationHelp);
   cmd->add_flag("--json", a->json, "Print one JSON object with the result");
+  cmd->add_option("--kv-budget", a->kv_budget,
+                  "Token eviction: positions each chunk keeps (e.g. 128) or a share of its "
+                  "length (25%): the first half is prefilled and evicted, the scored half "
+                  "decoded token by token, evicting as generation does");
+  cmd->add_option("--kv-sink", a->eviction.guard.sink, "Token eviction: first positions kept")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-window", a->eviction.guard.window,
+                  "Token eviction: most recent positions kept")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--evict-policy", a->eviction.policy,
+                  "Token eviction policy: keydiff, streaming, h2o, snapkv, tri")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"keydiff", "streaming", "h2o", "snapkv", "tri"}));
+  cmd->add_option("--evict-every", a->eviction.every,
+                  "Token eviction: decode steps between evictions (0: a block past the budget)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   return [a]() -> int {
     PerplexityOptions options;
+    auto budget = ParseKvBudget(a->kv_budget, a->eviction.guard);
+    if (!budget.ok()) {
+      std::fprintf(stderr, "error: %s\n", budget.error().c_str());
+      return 1;
+    }
+    options.eviction = a->eviction;
+    options.eviction.budget = *budget;
     for (auto [name, type] : {std::pair{&a->cache_type_k, &options.kv.types.k},
                               std::pair{&a->cache_type_v, &options.kv.types.v}}) {
       auto parsed = ParseKvType(*name);
@@ -96,6 +124,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
     options.n_ctx = a->n_ctx;
     options.bos_id = bos;
     options.kl_base = a->kl_base;
+    options.tokenizer = (*tok).get();
     if (!a->kv_calibration.empty()) {
       if (Status st = UseCalibrationFile(a->kv_calibration, **tok, &options.kv); !st.ok()) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
@@ -122,6 +151,14 @@ Runner AddPerplexityCommand(CLI::App& root) {
       j["cache_type_v"] = a->cache_type_v;
       j["bits_k"] = KvBitsPerElement(options.kv.types.k, c.head_dim_k);
       j["bits_v"] = KvBitsPerElement(options.kv.types.v, c.head_dim_v);
+      if (r->has_eviction) {
+        j["kv_budget"] = options.eviction.budget.ToString();
+        j["evict_policy"] = options.eviction.policy;
+        j["kv_sink"] = options.eviction.guard.sink;
+        j["kv_window"] = options.eviction.guard.window;
+        j["kv_kept_pct"] = r->kv_kept_pct;
+        j["evicted_tokens"] = r->evicted_tokens;
+      }
       if (r->has_base) {
         j["base_cache_type"] = a->kl_base_type;
         j["base_ppl"] = r->base_ppl;
@@ -138,6 +175,12 @@ Runner AddPerplexityCommand(CLI::App& root) {
           "%.1f s\n",
           r->ppl, r->ppl * r->nll_stddev, r->nll, r->n_chunks, a->n_ctx,
           static_cast<long long>(r->n_scored), r->seconds);
+      if (r->has_eviction) {
+        std::printf("token eviction: --kv-budget %s --evict-policy %s kept %.1f%% of the context "
+                    "on average (%lld positions evicted)\n",
+                    options.eviction.budget.ToString().c_str(), options.eviction.policy.c_str(),
+                    r->kv_kept_pct, static_cast<long long>(r->evicted_tokens));
+      }
       if (r->has_base) {
         std::printf(
             "vs %s KV (perplexity %.4f): %+.3f%% +/- %.3f%% perplexity, mean KL %.6f +/- "

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "engine/engine_builder.h"
+#include "engine/evicting_chunk_runner.h"
 #include "engine/sampler.h"
 #include "engine/single_sequence.h"
 
@@ -66,6 +67,12 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
     if (!made.ok()) return made.status();
     base = std::move(*made);
   }
+  std::unique_ptr<EvictingChunkRunner> evicting;
+  if (options.eviction.budget.active()) {
+    auto made = EvictingChunkRunner::Make(model, pool, options, n_ctx);
+    if (!made.ok()) return made.status();
+    evicting = std::move(*made);
+  }
   const size_t logit_floats = static_cast<size_t>(n_ctx - first) * n_vocab;
   std::vector<float> logits(logit_floats), base_logits(options.kl_base ? logit_floats : 0);
   std::vector<double> lp, base_lp;
@@ -77,7 +84,11 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
               tokens.begin() + static_cast<size_t>(i + 1) * n_ctx, chunk.begin());
     if (options.bos_id >= 0) chunk[0] = options.bos_id;
     // Logits for positions first..n_ctx-1; the last one predicts past the chunk and is unused.
-    KVS_RETURN_IF_ERROR(seq.Run(chunk.data(), n_ctx, 0, n_ctx - first, logits.data()));
+    if (evicting) {
+      KVS_RETURN_IF_ERROR(evicting->Run(chunk, first, logits.data()));
+    } else {
+      KVS_RETURN_IF_ERROR(seq.Run(chunk.data(), n_ctx, 0, n_ctx - first, logits.data()));
+    }
     if (base) {
       KVS_RETURN_IF_ERROR(base->Run(chunk.data(), n_ctx, 0, n_ctx - first, base_logits.data()));
     }
@@ -120,6 +131,11 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
     const double mean_diff = r.nll - base_nll / r.n_scored;
     r.delta_ppl_stderr_pct = 100.0 * std::exp(mean_diff) * stderr_of(mean_diff, diff2);
     r.top1_agree_pct = 100.0 * agree / r.n_scored;
+  }
+  if (evicting) {
+    r.has_eviction = true;
+    r.kv_kept_pct = evicting->kept_pct();
+    r.evicted_tokens = evicting->evicted_tokens();
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;

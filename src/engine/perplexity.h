@@ -9,9 +9,11 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "engine/eviction_config.h"
 #include "engine/kv_format_factory.h"
 #include "kernels/kv_types.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvs {
 
@@ -34,6 +36,10 @@ struct PerplexityResult {
   // the two runs' log-probabilities (paired, so what both runs share cancels).
   double delta_ppl_stderr_pct = 0;
   double top1_agree_pct = 0;
+  // With token eviction: the mean share of a scored token's context still in the cache.
+  bool has_eviction = false;
+  double kv_kept_pct = 100;
+  int64_t evicted_tokens = 0;
 };
 
 struct PerplexityOptions {
@@ -44,6 +50,10 @@ struct PerplexityOptions {
   KvFormatOptions kv;
   bool kl_base = false;  // also run a cache of base_types and compare against it
   KvTypes base_types;    // f32/f32 unless told; a quantized base is refused
+  // Token eviction (budget set): each chunk's first half is prefilled, evicted as the end of a
+  // prefill is, and the scored half decoded token by token, evicting as generation would.
+  EvictionConfig eviction;
+  const Tokenizer* tokenizer = nullptr;  // for calibrations (the tri policy's); null: fixed ids
 };
 
 // on_chunk(i, running_ppl) is called after each chunk (progress reporting).
