@@ -292,7 +292,7 @@ int RunBandwidth(int32_t requested_threads, int32_t size_mib, const std::string&
 
 Runner AddBenchCommand(CLI::App& root) {
   CLI::App* bench = root.add_subcommand(
-      "bench", "Benchmarks (speed, bandwidth, memory, throughput, serve, spec)");
+      "bench", "Benchmarks (speed, bandwidth, memory, throughput, serve, spec, evict)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand(
@@ -351,7 +351,10 @@ Runner AddBenchCommand(CLI::App& root) {
   Runner engine_benches = AddEngineBenchCommands(bench);
   Runner serve_bench = AddServeBenchCommand(bench);
   Runner spec_bench = AddSpecBenchCommand(bench);
-  return [a, speed, bw, bandwidth, engine_benches, serve_bench, spec_bench]() -> int {
+  Runner evict_bench = AddEvictBenchCommand(bench);
+  return [a, speed, bw, bandwidth, engine_benches, serve_bench, spec_bench,
+          evict_bench]() -> int {
+    if (const int rc = evict_bench(); rc >= 0) return rc;
     if (const int rc = engine_benches(); rc >= 0) return rc;
     if (const int rc = spec_bench(); rc >= 0) return rc;
     if (const int rc = serve_bench(); rc >= 0) return rc;

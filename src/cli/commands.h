@@ -22,6 +22,7 @@ Runner AddServeCommand(CLI::App& root);
 Runner AddEngineBenchCommands(CLI::App* bench);
 // `bench spec`, speculative against plain decoding; the runner returns -1 when not chosen.
 Runner AddSpecBenchCommand(CLI::App* bench);
+Runner AddEvictBenchCommand(CLI::App* bench);
 // `bench serve`, the HTTP load generator; the runner returns -1 when it was not chosen.
 Runner AddServeBenchCommand(CLI::App* bench);
 

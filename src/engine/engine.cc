@@ -206,10 +206,9 @@ void Engine::Finish(Sequence* seq, FinishReason reason, TokenEvent event) {
   }
 }
 
-bool Engine::EvictIfDue(Sequence* seq, const ScheduledRun& run) {
+bool Engine::EvictIfDue(Sequence* seq, EvictionPoint point) {
   if (!seq->kv_budget.active()) return true;
-  const bool end_of_prefill = run.n_tokens > 1 || seq->n_output() == 0;
-  auto outcome = evictor_.AfterStep(seq, end_of_prefill, kv_, runner_);
+  auto outcome = evictor_.AfterStep(seq, point, kv_, runner_);
   if (!outcome.ok()) {
     Finish(seq, FinishReason::kError, -1, "token eviction failed: " + outcome.status().message());
     return false;
@@ -341,9 +340,13 @@ Status Engine::Step(EngineStepStats* stats) {
                          &seq->block_hashes);
       kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
     }
-    if (r.n_logits == 0) continue;
+    if (r.n_logits == 0) {
+      EvictIfDue(seq, EvictionPoint::kPrefillChunk);
+      continue;
+    }
     // Before the fork: the choices of a request share the compacted prompt.
-    if (!EvictIfDue(seq, r)) continue;
+    const bool prefill = r.n_tokens > 1 || seq->n_output() == 0;
+    if (!EvictIfDue(seq, prefill ? EvictionPoint::kPrefillEnd : EvictionPoint::kDecode)) continue;
     std::vector<Sequence*> choices{seq};
     if (seq->seats > 1) {
       Fork(seq);

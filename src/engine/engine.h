@@ -117,7 +117,7 @@ class Engine {
   void DropDrafts(Sequence* seq);
   // Token eviction after a run computed seq's tokens (evictor.h); false when it failed and
   // finished seq.
-  bool EvictIfDue(Sequence* seq, const ScheduledRun& run);
+  bool EvictIfDue(Sequence* seq, EvictionPoint point);
   void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);

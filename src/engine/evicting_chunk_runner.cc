@@ -42,7 +42,8 @@ Status EvictingChunkRunner::Step(Sequence* seq, bool end_of_prefill, float* logi
   kept_sum_ += static_cast<double>(seq->n_slots() + n) / (seq->n_computed + n);
   ++n_rows_;
   seq->AdvanceComputed(n);
-  auto outcome = evictor_->AfterStep(seq, end_of_prefill, kv_, *runner_);
+  auto outcome = evictor_->AfterStep(
+      seq, end_of_prefill ? EvictionPoint::kPrefillEnd : EvictionPoint::kDecode, kv_, *runner_);
   if (!outcome.ok()) return outcome.status();
   evicted_ += outcome->evicted;
   return Status::Ok();

@@ -33,14 +33,17 @@ int32_t Evictor::PeakSlots(const KvBudget& budget, int32_t n_prompt, int32_t len
   return static_cast<int32_t>(std::min<int64_t>(length, std::max<int64_t>(n_prompt, decode_peak)));
 }
 
-Expected<EvictionOutcome> Evictor::AfterStep(Sequence* seq, bool end_of_prefill,
+Expected<EvictionOutcome> Evictor::AfterStep(Sequence* seq, EvictionPoint point,
                                              KvCacheManager& kv, StepRunner& runner) {
   if (!seq->kv_budget.active()) return EvictionOutcome{};
+  if (point == EvictionPoint::kPrefillChunk && policy_->needs_attention()) {
+    return EvictionOutcome{};
+  }
   const int32_t budget = seq->kv_budget.For(seq->n_computed, config_.guard);
   const int32_t slots = seq->n_slots();
-  if (!end_of_prefill) ++seq->decode_steps_since_eviction;
+  if (point == EvictionPoint::kDecode) ++seq->decode_steps_since_eviction;
   bool due = false;
-  if (end_of_prefill) {
+  if (point != EvictionPoint::kDecode) {
     due = slots > budget;
   } else if (config_.every > 0) {
     due = slots > budget && seq->decode_steps_since_eviction >= config_.every;

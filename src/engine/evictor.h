@@ -25,6 +25,13 @@
 
 namespace kvs {
 
+// Where in a sequence's life a step left it.
+enum class EvictionPoint {
+  kPrefillChunk,  // a chunk of a long prompt (or of a recompute after preemption) is done
+  kPrefillEnd,    // the prompt is computed: its logits sample the first token
+  kDecode,        // a decode step
+};
+
 struct EvictionOutcome {
   int32_t evicted = 0;       // positions dropped
   int32_t blocks_freed = 0;  // whole blocks returned to the pool
@@ -46,9 +53,11 @@ class Evictor {
   static int32_t FirstObservedToken(const Sequence& seq, int32_t first, int32_t n_tokens);
 
   // After a step computed tokens of seq (n_computed already advanced; its table holds
-  // n_slots() slots): evicts when due. end_of_prefill: the run finished the prompt (or the
-  // recompute after a preemption).
-  Expected<EvictionOutcome> AfterStep(Sequence* seq, bool end_of_prefill, KvCacheManager& kv,
+  // n_slots() slots): evicts when due. At the end of a prefill and after each chunk of a long
+  // one (so that a long prompt never holds more than its budget and a chunk; not for policies
+  // that score by the attention of the prompt's last tokens, which the last chunk brings), when
+  // over the budget; in decode, once a block past it (or every --evict-every steps).
+  Expected<EvictionOutcome> AfterStep(Sequence* seq, EvictionPoint point, KvCacheManager& kv,
                                       StepRunner& runner);
   // Evicts down to the budget now, whatever the schedule says.
   Expected<EvictionOutcome> Evict(Sequence* seq, KvCacheManager& kv, StepRunner& runner);

@@ -12,6 +12,7 @@
 #include "core/aligned.h"
 #include "core/check.h"
 #include "kernels/kv_quant.h"
+#include "tensor/dtype.h"
 
 #if defined(__AVX512F__)
 #define KVS_ATTENTION_AVX512 1
@@ -686,7 +687,17 @@ void LoadKeys(const KvHeadView& kv, int32_t hk, int32_t n_keys, float* keys) {
       continue;
     }
     const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
-    for (int32_t d = 0; d < hk; ++d) key[d] = LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
+    const int32_t p = j % kKvBlockTokens;
+    if (kv.k_type == KvType::kF16) {
+      // The common case read directly: a dimension's row holds 16 f16 codes.
+      const uint16_t* rows = reinterpret_cast<const uint16_t*>(kb);
+      for (int32_t d = 0; d < hk; ++d) key[d] = F16ToF32(rows[d * kKvBlockTokens + p]);
+    } else if (kv.k_type == KvType::kF32) {
+      const float* rows = reinterpret_cast<const float*>(kb);
+      for (int32_t d = 0; d < hk; ++d) key[d] = rows[d * kKvBlockTokens + p];
+    } else {
+      for (int32_t d = 0; d < hk; ++d) key[d] = LoadKey(kv.k_type, kb, hk, d, p);
+    }
     if (KvTypeIsRotated(kv.k_type)) RotateBack(key, hk);
     if (kv.k_offset != nullptr) {
       // Stored less R(p)·m: add m turned to the key's position back.

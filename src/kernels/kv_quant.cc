@@ -411,9 +411,19 @@ void MoveKey(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_b
              int32_t dst_pos, int32_t n) {
   if (src_block == dst_block && src_pos == dst_pos) return;
   const size_t row_bytes = KeyRowBytes(t);
-  for (int32_t d = 0; d < n; ++d) {
-    const uint32_t code = GetCode(t, src_block + d * row_bytes, 16, src_pos);
-    PutCode(t, {dst_block + d * row_bytes, 16, dst_pos}, code);
+  const int32_t bits = KvCodeBits(t);
+  if (bits % 8 == 0) {
+    // Whole-byte codes: each dimension's code is a few bytes of its row.
+    const size_t code_bytes = static_cast<size_t>(bits / 8);
+    for (int32_t d = 0; d < n; ++d) {
+      std::memcpy(dst_block + d * row_bytes + dst_pos * code_bytes,
+                  src_block + d * row_bytes + src_pos * code_bytes, code_bytes);
+    }
+  } else {
+    for (int32_t d = 0; d < n; ++d) {
+      const uint32_t code = GetCode(t, src_block + d * row_bytes, 16, src_pos);
+      PutCode(t, {dst_block + d * row_bytes, 16, dst_pos}, code);
+    }
   }
   const int32_t g = KvGroupSize(t, n);
   for (int32_t j = 0; g != 0 && j < n / g; ++j) {
