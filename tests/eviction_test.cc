@@ -303,5 +303,44 @@ TEST(MoveKvSlot, KeptRowsReadBackBitForBitForEveryType) {
   }
 }
 
+// LoadKeys (what keydiff and tri read) decodes keys as the scalar LoadKey does, its f16/f32 fast
+// paths included, for every type; rotated types come back unrotated.
+TEST(LoadKeys, MatchesTheScalarDecoderForEveryType) {
+  for (KvType t : kAllKvTypes) {
+    SCOPED_TRACE(std::string(KvTypeName(t)));
+    KvGeometry g;
+    g.n_layer = 1;
+    g.n_head_kv = 2;
+    g.head_dim_k = g.head_dim_v = 64;
+    g.block_size = 16;
+    g.k_type = g.v_type = t;
+    KvStorage storage(PlainKvFormat(g), 4);
+    const KvLayerView& layer = storage.layers()[0];
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> k(128), v(128);
+    for (int32_t s = 16; s < 56; ++s) {
+      for (float& x : k) x = dist(rng);
+      for (float& x : v) x = dist(rng);
+      WriteKv(layer, s, s - 16, k.data(), v.data());
+    }
+    const std::vector<int32_t> blocks = {1, 2, 3};
+    for (int32_t h = 0; h < 2; ++h) {
+      std::vector<float> keys(40 * 64);
+      LoadKeys(layer.Head(h, blocks.data()), 64, 40, keys.data());
+      for (int32_t j = 0; j < 40; ++j) {
+        std::vector<float> want(64);
+        const uint8_t* kb = layer.k + static_cast<size_t>(blocks[j / 16]) * layer.k_block_stride() +
+                            static_cast<size_t>(h) * layer.k_head_bytes();
+        for (int32_t d = 0; d < 64; ++d) want[d] = LoadKey(t, kb, 64, d, j % 16);
+        if (KvTypeIsRotated(t)) RotateBack(want.data(), 64);
+        for (int32_t d = 0; d < 64; ++d) {
+          ASSERT_EQ(keys[j * 64 + d], want[d]) << "head " << h << " key " << j << " dim " << d;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvs
