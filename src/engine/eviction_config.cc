@@ -8,12 +8,13 @@ namespace kvs {
 int32_t KvBudget::For(int32_t length, const EvictionGuard& guard) const {
   const int64_t floor = int64_t{guard.sink} + guard.window;
   int64_t kept = value;
-  if (percent) kept = int64_t{length} * value / 100;
+  if (percent) kept = int64_t{length} * (int64_t{value} * 10 + tenths) / 1000;
   return static_cast<int32_t>(std::min<int64_t>(std::max(kept, floor), INT32_MAX));
 }
 
 std::string KvBudget::ToString() const {
-  return std::to_string(value) + (percent ? "%" : "");
+  if (!percent) return std::to_string(value);
+  return std::to_string(value) + (tenths ? "." + std::to_string(tenths) : "") + "%";
 }
 
 Expected<KvBudget> ParseKvBudget(std::string_view text, const EvictionGuard& guard,
@@ -26,19 +27,25 @@ Expected<KvBudget> ParseKvBudget(std::string_view text, const EvictionGuard& gua
     text.remove_suffix(1);
   }
   int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  // A percentage may have one decimal (12.5%).
+  if (b.percent && ec == std::errc() && end + 2 == text.data() + text.size() && *end == '.' &&
+      end[1] >= '0' && end[1] <= '9') {
+    b.tenths = end[1] - '0';
+    end += 2;
+  }
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
     return Status::Error(StrFormat("%.*s '%s': expected a number of positions (e.g. 1024) or a "
                                    "percentage of the sequence's length (e.g. 25%%)",
                                    static_cast<int>(what.size()), what.data(), shown.c_str()));
   }
-  if (v < 0 || (b.percent && v > 100) || v > INT32_MAX) {
+  if (v < 0 || (b.percent && (v > 100 || (v == 100 && b.tenths > 0))) || v > INT32_MAX) {
     return Status::Error(StrFormat("%.*s '%s': must be %s", static_cast<int>(what.size()),
                                    what.data(), shown.c_str(),
                                    b.percent ? "between 0% and 100%" : "0 (off) or positive"));
   }
   b.value = static_cast<int32_t>(v);
-  if (b.value == 0) return KvBudget{};
+  if (b.value == 0 && b.tenths == 0) return KvBudget{};
   if (!b.percent && b.value < int64_t{guard.sink} + guard.window) {
     return Status::Error(StrFormat(
         "%.*s %d: must be at least --kv-sink + --kv-window (%d + %d), which are never evicted",

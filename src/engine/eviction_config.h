@@ -16,8 +16,9 @@ namespace kvs {
 struct KvBudget {
   int32_t value = 0;  // 0: unset (no eviction)
   bool percent = false;
+  int32_t tenths = 0;  // a percentage's tenths: 12.5% is value 12, tenths 5
 
-  bool active() const { return value > 0; }
+  bool active() const { return value > 0 || (percent && tenths > 0); }
   // The positions kept by a sequence of `length` positions: at least sink + window.
   int32_t For(int32_t length, const EvictionGuard& guard) const;
   std::string ToString() const;  // "1024" or "25%"
