@@ -196,6 +196,28 @@ ref=$("$BIN" generate -m "$S" -p "Once upon a time" -n 24 --temp 0 -ctk f32 -ctv
 if [ -n "$out" ] && [ "$out" = "$ref" ]; then pass "generate -ctk q8_0 -ctv q8_0 keeps the greedy story";
 else fail "q8_0 KV changed the greedy story: '$out' vs '$ref'"; fi
 
+# Token eviction: generate reports what --kv-budget evicted and the most blocks it held. 200
+# tokens from BOS would fill 13 blocks of 16; a budget of 40 (and a block before each eviction)
+# holds at most 4.
+out=$("$BIN" generate -m "$S" --kv-budget 40 -n 200 --temp 0 -t 2 2>&1 >/dev/null)
+line=$(echo "$out" | grep '^kv eviction: ')
+if [[ $line =~ ^kv\ eviction:\ ([0-9]+)\ positions\ evicted\ in\ ([0-9]+)\ compactions,\ ([0-9]+)\ blocks\ freed\;\ peak\ KV\ blocks\ ([0-9]+)$ ]] &&
+  [ "${BASH_REMATCH[1]}" -gt 0 ] && [ "${BASH_REMATCH[2]}" -gt 0 ] && [ "${BASH_REMATCH[3]}" -gt 0 ] &&
+  [ "${BASH_REMATCH[4]}" -ge 3 ] && [ "${BASH_REMATCH[4]}" -le 4 ] && echo "$out" | grep -q "200 tokens.*finish: length"; then
+  pass "generate --kv-budget 40 reports eviction ($line)"
+else fail "generate --kv-budget 40: $(echo "$out" | tail -3)"; fi
+"$BIN" generate -m "$S" -n 8 --temp 0 -t 2 2>&1 >/dev/null | grep -q '^kv eviction' &&
+  fail "generate without --kv-budget reports eviction" || pass "no eviction line without --kv-budget"
+expect_error "--kv-budget -5" "--kv-budget '-5': must be 0 (off) or positive" "$BIN" generate -m "$S" -n 4 --kv-budget -5
+expect_error "--kv-budget abc" "--kv-budget 'abc': expected a number of positions" "$BIN" generate -m "$S" -n 4 --kv-budget abc
+expect_error "--kv-budget 10" "--kv-budget 10: must be at least --kv-sink + --kv-window (4 + 32)" \
+  "$BIN" generate -m "$S" -n 4 --kv-budget 10
+expect_error "--kv-budget 150%" "--kv-budget '150%': must be between 0% and 100%" "$BIN" generate -m "$S" -n 4 --kv-budget 150%
+expect_error "--evict-policy nope" "--evict-policy: nope not in {keydiff,streaming,h2o,snapkv,tri}" \
+  "$BIN" generate -m "$S" -n 4 --evict-policy nope
+expect_error "--kv-budget with --spec-type" "--kv-budget and --spec-type cannot be combined" \
+  "$BIN" generate -m "$S" -n 4 --kv-budget 64 --spec-type ngram
+
 # Speculative decoding (hostile input). stories260K drafts for stories-hd64-3M (same vocab).
 H="$MODELS/stories-hd64-3M.gguf"
 if [ -f "$H" ]; then

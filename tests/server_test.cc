@@ -78,6 +78,17 @@ class ServerTest : public ::testing::Test {
     return pos == std::string::npos ? -1 : std::stod(r->body.substr(pos + 1 + key.size()));
   }
 
+  // Waits (bounded) until read() is at least want: the engine publishes its totals after each
+  // step, which may be after the response that step finished.
+  bool MetricBecomesAtLeast(const std::function<double()>& read, double want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (read() >= want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+
   std::unique_ptr<Server> server_;
   std::unique_ptr<httplib::Client> client_;
   int port_ = 0;
@@ -101,8 +112,18 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
        {"kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
         "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
         "time_to_first_token_seconds_bucket", "time_per_output_token_seconds_bucket",
-        "e2e_request_latency_seconds_bucket"}) {
+        "e2e_request_latency_seconds_bucket", "spec_decode_num_drafts_total",
+        "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+        "evicted_tokens_total", "compactions_total", "blocks_freed_by_compaction_total"}) {
     EXPECT_NE(metrics->body.find(std::string("kvserve:") + name), std::string::npos) << name;
+  }
+  // Counters, with their TYPE, at 0 before any request evicted.
+  for (const char* name :
+       {"evicted_tokens_total", "compactions_total", "blocks_freed_by_compaction_total"}) {
+    EXPECT_NE(metrics->body.find(std::string("# TYPE kvserve:") + name + " counter\n"),
+              std::string::npos)
+        << name;
+    EXPECT_EQ(Metric(name), 0) << name;
   }
 }
 
@@ -297,6 +318,98 @@ TEST_F(ServerTest, ApiKeyIsRequiredOnV1) {
   auto health = client_->Get("/health");  // not under /v1: open
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+// A 100-token prompt and 100 tokens more under a 40-position budget (the default guard keeps 4
+// sinks and a 32-position window): eviction runs at the end of the prefill and as the output
+// grows, and the metrics count what it dropped and the blocks it returned.
+TEST_F(ServerTest, RequestKvBudgetEvictsAndMetricsCountIt) {
+  Start();
+  std::vector<int32_t> prompt = {1};
+  for (int32_t i = 1; i < 100; ++i) prompt.push_back(10 + i * 7 % 400);
+  auto [status, body] = Call("/v1/completions", {{"prompt", prompt},
+                                                 {"max_tokens", 100},
+                                                 {"temperature", 0},
+                                                 {"ignore_eos", true},
+                                                 {"kv_budget", 40}});
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_EQ(body["usage"]["completion_tokens"], 100);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  // 199 positions computed, at most 40 + a block of 16 kept at any time: well over 100 dropped.
+  // The engine publishes its totals after each step, so wait for them rather than race it.
+  EXPECT_TRUE(MetricBecomesAtLeast([&] { return Metric("evicted_tokens_total"); }, 100))
+      << Metric("evicted_tokens_total");
+  const double evicted_total = Metric("evicted_tokens_total");
+  const double compactions = Metric("compactions_total");
+  const double freed = Metric("blocks_freed_by_compaction_total");
+  EXPECT_GT(compactions, 0);
+  EXPECT_GT(freed, 0);
+  // The default schedule evicts once a sequence is a whole block past its budget, so that every
+  // compaction frees a block; and a compaction frees no more blocks than the positions it
+  // dropped fill, plus the slack of a partly filled last block (15 slots).
+  EXPECT_GE(freed, compactions);
+  EXPECT_LE(freed * 16, evicted_total + 15 * compactions)
+      << "more whole blocks freed than positions dropped";
+  const double total_blocks = Metric("kv_cache_blocks_total");
+  EXPECT_TRUE(MetricBecomesAtLeast([&] { return Metric("kv_cache_blocks_free"); }, total_blocks))
+      << "blocks still held after the request";
+  // A request without a budget on the same server evicts nothing more.
+  const double evicted = Metric("evicted_tokens_total");
+  auto [s2, b2] = Call("/v1/completions", {{"prompt", prompt}, {"max_tokens", 20}});
+  ASSERT_EQ(s2, 200) << b2.dump();
+  EXPECT_EQ(Metric("evicted_tokens_total"), evicted);
+}
+
+// kv_budget takes positions (an integer) or a string ("512", "25%"); every other form, and a
+// budget below what the guard never evicts, is a 400 naming it, on both endpoints.
+TEST_F(ServerTest, RequestKvBudgetFormsAndRefusals) {
+  Start();
+  auto expect_bad = [&](const std::string& path, const json& value, const std::string& fragment) {
+    json req = {{"max_tokens", 2}, {"kv_budget", value}};
+    if (path == "/v1/completions") {
+      req["prompt"] = "Once upon a time";
+    } else {
+      req["messages"] = {{{"role", "user"}, {"content", "Hi"}}};
+    }
+    auto [status, body] = Call(path, req);
+    EXPECT_EQ(status, 400) << path << " " << value.dump() << ": " << body.dump();
+    ASSERT_TRUE(body.contains("error")) << body.dump();
+    EXPECT_EQ(body["error"]["param"], "kv_budget") << value.dump();
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+    const std::string message = body["error"]["message"];
+    EXPECT_NE(message.find("kv_budget"), std::string::npos) << message;
+    EXPECT_NE(message.find(fragment), std::string::npos) << value.dump() << ": " << message;
+  };
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    expect_bad(path, 40.5, "number of positions");
+    expect_bad(path, 64.0, "number of positions");  // a float, even a whole one
+    expect_bad(path, -5, "0 (off) or positive");
+    expect_bad(path, true, "number of positions");
+    expect_bad(path, json::object({{"positions", 64}}), "number of positions");
+    expect_bad(path, json::array({64}), "number of positions");
+    expect_bad(path, "abc", "expected a number of positions");
+    expect_bad(path, "-5", "0 (off) or positive");
+    expect_bad(path, "150%", "between 0% and 100%");
+    expect_bad(path, "25 %", "expected a number of positions");
+    expect_bad(path, std::string(100, '9'), "number of positions");
+    expect_bad(path, 4294967296LL, "0 (off) or positive");
+    expect_bad(path, 10, "at least 36");  // below --kv-sink 4 + --kv-window 32
+    expect_bad(path, "35", "at least 36");
+  }
+  // The good forms: positions as an integer or a string, a share as a string; 0 is the
+  // engine's budget (none here).
+  const json messages = {{{"role", "user"}, {"content", "Once upon a time"}}};
+  for (const json& good : {json(40), json("40"), json("25%"), json(0)}) {
+    auto [s1, b1] = Call("/v1/completions", {{"prompt", "Once upon a time"},
+                                             {"max_tokens", 4},
+                                             {"temperature", 0},
+                                             {"kv_budget", good}});
+    EXPECT_EQ(s1, 200) << good.dump() << ": " << b1.dump();
+    EXPECT_EQ(b1["usage"]["completion_tokens"], 4) << good.dump();
+    auto [s2, b2] = Call("/v1/chat/completions",
+                         {{"messages", messages}, {"max_tokens", 4}, {"kv_budget", good}});
+    EXPECT_EQ(s2, 200) << good.dump() << ": " << b2.dump();
+  }
 }
 
 // Waits (bounded) until the metric reaches a value: the server frees blocks on its own thread.

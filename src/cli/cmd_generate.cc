@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -5,6 +6,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -89,9 +91,19 @@ int RunGenerate(GenerateArgs a) {
   bool strip_leading_space = ids.size() == 1 && ids[0] == model->bos_token();
   const auto t0 = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point t_first;
+  // Blocks in use, sampled as tokens stream: what eviction held the cache to. The engine's
+  // stats are those after its last step (post-eviction), so this is the peak between steps.
+  const bool evicting = !eo.kv_budget.empty();
+  int32_t peak_blocks = 0;
+  int64_t finish_step = 0;  // steps the engine had published when the last token came
+  auto sample_blocks = [&] {
+    const kvserve::EngineStats s = engine->stats();
+    peak_blocks = std::max(peak_blocks, s.kv_blocks_total - s.kv_blocks_free);
+  };
   const uint64_t id = engine->Submit(
       ids, a.gen,
       [&](const kvserve::TokenEvent& e) {
+        if (evicting) sample_blocks();
         if (e.token >= 0 && generated.empty()) t_first = std::chrono::steady_clock::now();
         if (e.token >= 0) generated.push_back(e.token);
         std::string text = e.text;
@@ -102,6 +114,7 @@ int RunGenerate(GenerateArgs a) {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
         if (e.finished) {
+          finish_step = engine->stats().steps;
           std::lock_guard<std::mutex> lock(mu);
           finished = true;
           finish_reason = e.finish_reason;
@@ -119,6 +132,14 @@ int RunGenerate(GenerateArgs a) {
     done.wait(lock, [&] { return finished; });
   }
   const double total = Since(t0);
+  // The last token comes during a step whose totals (an eviction, a verification) the engine
+  // publishes after it: wait for them, briefly, before they are reported.
+  if (evicting || eo.spec_type != "none") {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (engine->stats().steps <= finish_step && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (finish_reason == "error") {
@@ -148,6 +169,15 @@ int RunGenerate(GenerateArgs a) {
         eo.spec_type.c_str(), static_cast<long long>(s.spec_drafts),
         static_cast<long long>(s.spec_draft_tokens), static_cast<long long>(s.spec_accepted_tokens),
         s.spec_draft_tokens > 0 ? double(s.spec_accepted_tokens) / s.spec_draft_tokens : 0.0);
+  }
+  if (evicting) {
+    sample_blocks();
+    const kvserve::EngineStats s = engine->stats();
+    std::fprintf(stderr,
+                 "kv eviction: %lld positions evicted in %lld compactions, %lld blocks freed; "
+                 "peak KV blocks %d\n",
+                 static_cast<long long>(s.evicted_tokens), static_cast<long long>(s.compactions),
+                 static_cast<long long>(s.blocks_freed_by_compaction), peak_blocks);
   }
   return 0;
 }

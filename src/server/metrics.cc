@@ -95,6 +95,15 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
         static_cast<double>(s.spec_draft_tokens));
   gauge("spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
         static_cast<double>(s.spec_accepted_tokens));
+  // Token eviction (--kv-budget, or a request's kv_budget): what it dropped and what it gave
+  // back to the pool. Blocks freed per compaction shows whether evicting buys memory at all.
+  gauge("evicted_tokens_total", "counter", "KV positions dropped by token eviction.",
+        static_cast<double>(s.evicted_tokens));
+  gauge("compactions_total", "counter", "Token evictions that dropped positions (compactions).",
+        static_cast<double>(s.compactions));
+  gauge("blocks_freed_by_compaction_total", "counter",
+        "KV blocks returned to the pool by compactions.",
+        static_cast<double>(s.blocks_freed_by_compaction));
   gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
   gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
   // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding

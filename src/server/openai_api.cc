@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/eviction_config.h"
+
 namespace kvs::server {
 
 nlohmann::json ErrorJson(const ApiError& e) {
@@ -43,6 +45,34 @@ std::optional<ApiError> Bool(const nlohmann::json& body, const char* key, bool* 
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) return Bad(key, std::string("'") + key + "' must be true or false");
   *out = it->get<bool>();
+  return std::nullopt;
+}
+
+// kv_budget: this request's token eviction budget, positions (512) or a share of the sequence's
+// length ("25%"). Only its form is checked here; the floor (--kv-sink + --kv-window) is the
+// engine's, checked by the server (CheckKvBudget). Floats are refused rather than rounded: a
+// budget is a count of positions, and 40.5 is more likely a mistake than a wish.
+std::optional<ApiError> ParseKvBudgetField(const nlohmann::json& body, std::string* out) {
+  auto it = body.find("kv_budget");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  const std::string form =
+      "'kv_budget' must be a number of positions (e.g. 512) or a percentage of the sequence's "
+      "length as a string (e.g. \"25%\")";
+  std::string text;
+  if (it->is_number_integer()) {
+    text = it->dump();
+  } else if (it->is_string()) {
+    text = it->get<std::string>();
+    // Longer than any valid budget ("2147483647"): refused before it is echoed in the message.
+    if (text.size() > 16) return Bad("kv_budget", form + ", got " + Quote(text));
+  } else {
+    return Bad("kv_budget", form + ", got " + it->dump());
+  }
+  // A guard of 0 + 0: the form and the range (no negatives, at most 100%) without the floor.
+  auto parsed = ParseKvBudget(text, EvictionGuard{0, 0}, "kv_budget");
+  if (!parsed.ok()) return Bad("kv_budget", parsed.error());
+  *out = parsed->ToString();  // "" when 0: the engine's budget
+  if (!parsed->active()) out->clear();
   return std::nullopt;
 }
 
@@ -220,6 +250,7 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
   if (auto e = Bool(body, "ignore_eos", &g.ignore_eos)) return e;
   // Opting out of speculative decoding (it never changes the output, only its speed).
   if (auto e = Bool(body, "speculative", &g.speculative)) return e;
+  if (auto e = ParseKvBudgetField(body, &g.kv_budget)) return e;
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
     if (auto e = Bool(*it, "include_usage", &out->include_usage)) {

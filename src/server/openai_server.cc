@@ -7,6 +7,7 @@
 #include <semaphore>
 
 #include "core/log.h"
+#include "engine/eviction_config.h"
 #include "server/completion_call.h"
 #include "server/openai_api.h"
 
@@ -187,6 +188,25 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
                       "n",
                       {}});
   }
+  // The request's budget against this server's guard: the first --kv-sink and the last
+  // --kv-window positions are never evicted, so a smaller budget could never be kept.
+  if (!request.gen.kv_budget.empty()) {
+    auto budget =
+        ParseKvBudget(request.gen.kv_budget, EvictionGuard{eo.kv_sink, eo.kv_window}, "kv_budget");
+    if (!budget.ok()) {
+      return SendError(
+          res, ApiError{400,
+                        "invalid_request_error",
+                        "'kv_budget' is " + request.gen.kv_budget +
+                            "; this server never evicts the first " + std::to_string(eo.kv_sink) +
+                            " nor the last " + std::to_string(eo.kv_window) +
+                            " positions of a sequence, so a budget must be at "
+                            "least " +
+                            std::to_string(eo.kv_sink + eo.kv_window),
+                        "kv_budget",
+                        {}});
+    }
+  }
   std::vector<int32_t> prompt;
   if (chat) {
     const RenderedChat rendered = RenderChat(chat_format_, request.messages);
@@ -253,8 +273,12 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
   if (rid == 0) {
     in_flight_.fetch_sub(1);
     const bool kv = error.find("KV memory") != std::string::npos;
-    return SendError(
-        res, ApiError{400, "invalid_request_error", error, kv ? "max_tokens" : std::string(), {}});
+    const bool budget = error.rfind("kv_budget", 0) == 0;  // checked above; named if it slips by
+    return SendError(res, ApiError{400,
+                                   "invalid_request_error",
+                                   error,
+                                   budget ? "kv_budget" : (kv ? "max_tokens" : std::string()),
+                                   {}});
   }
   kvserve::Engine* engine = engine_.get();
   call->Attach(rid, [engine](uint64_t r) { engine->Cancel(r); });
