@@ -296,6 +296,9 @@ TEST(EvictionEngineFake, ForkAfterEvictionSharesTheCompactedPrompt) {
   }
   ASSERT_FALSE(e.HasWork());
   EXPECT_GT(compactions, 1) << "the choices never evicted past the shared prompt";
+  // The shared slots count against the budget (8 + sinks + window = 14), so a choice evicts
+  // once it has grown a block past that, not every step (found by a review: 48 compactions).
+  EXPECT_LE(compactions, 3 * (20 / 4 + 1));
   for (int ch = 0; ch < 3; ++ch) {
     EXPECT_EQ(c.tokens[ch], ExpectedOutput(Prompt(10, 5), 20)) << "choice " << ch;
     EXPECT_EQ(c.finish[ch], FinishReason::kLength);
@@ -392,10 +395,11 @@ TEST(EvictionEngineFake, PreemptionRecomputesAndEvictsAgain) {
 // A request whose whole length the pool could never hold, admitted because with its budget it
 // holds at most its prompt or its budget and a block: preempted, it must still finish (its
 // recompute of prompt and output must not need more than the pool).
-// DISABLED: a known bug (found by this test). Preemption recomputes prompt + output whole, with
-// no eviction until that recompute ends, so a victim whose committed tokens need more blocks
-// than the pool is never readmitted: Engine::HasWork stays true and nothing is scheduled.
-TEST(EvictionEngineFake, DISABLED_PreemptedSequenceLongerThanThePoolStillFinishes) {
+// Found by this test: preemption recomputed prompt + output whole, with no eviction until that
+// recompute ended, so a victim whose committed tokens needed more blocks than the pool was never
+// readmitted (Engine::HasWork stayed true and nothing was scheduled). A budgeted sequence's
+// recompute now comes in chunks under Sequence::max_slots, evicting after each.
+TEST(EvictionEngineFake, PreemptedSequenceLongerThanThePoolStillFinishes) {
   SlotRecordingRunner runner(6, 4);  // 5 blocks of 4: 20 positions
   Engine e(FakeConfig(6, "streaming", 2, 4), runner);
   // A runs alone until it has computed 26 positions (it holds at most 12 slots; 8 now)...

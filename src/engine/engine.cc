@@ -162,6 +162,14 @@ Status Engine::SubmitWithId(RequestId id, std::vector<int32_t> prompt,
   seq->seats = options.n;
   seq->n_prompt = static_cast<int32_t>(prompt.size());
   seq->tokens = std::move(prompt);
+  if (seq->kv_budget.active()) {
+    int64_t length = config_.n_ctx;
+    if (options.max_tokens > 0) {
+      length = std::min<int64_t>(length, int64_t{seq->n_prompt} + options.max_tokens);
+    }
+    seq->max_slots = evictor_.PeakSlots(seq->kv_budget, seq->n_prompt,
+                                        static_cast<int32_t>(length), kv_.block_size());
+  }
   scheduler_.AddWaiting(seq);
   return Status::Ok();
 }
@@ -231,6 +239,7 @@ void Engine::Fork(Sequence* parent) {
     child->n_computed = parent->n_computed;
     child->n_in_flight = parent->n_in_flight;
     child->block_hashes = parent->block_hashes;
+    child->max_slots = parent->max_slots;
     child->slot_positions = parent->slot_positions;
     child->n_evicted = parent->n_evicted;
     child->decode_steps_since_eviction = parent->decode_steps_since_eviction;

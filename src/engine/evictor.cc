@@ -36,10 +36,14 @@ int32_t Evictor::PeakSlots(const KvBudget& budget, int32_t n_prompt, int32_t len
 Expected<EvictionOutcome> Evictor::AfterStep(Sequence* seq, EvictionPoint point,
                                              KvCacheManager& kv, StepRunner& runner) {
   if (!seq->kv_budget.active()) return EvictionOutcome{};
-  if (point == EvictionPoint::kPrefillChunk && policy_->needs_attention()) {
+  // Attention policies score a prompt by its last tokens' attention, which the last chunk
+  // brings; only a recompute after preemption (its prompt and output may outgrow the pool)
+  // evicts chunk by chunk with them.
+  if (point == EvictionPoint::kPrefillChunk && policy_->needs_attention() &&
+      seq->n_preemptions == 0) {
     return EvictionOutcome{};
   }
-  const int32_t budget = seq->kv_budget.For(seq->n_computed, config_.guard);
+  const int32_t budget = Budget(*seq, kv);
   const int32_t slots = seq->n_slots();
   if (point == EvictionPoint::kDecode) ++seq->decode_steps_since_eviction;
   bool due = false;
@@ -52,6 +56,15 @@ Expected<EvictionOutcome> Evictor::AfterStep(Sequence* seq, EvictionPoint point,
   }
   if (!due) return EvictionOutcome{};
   return Evict(seq, kv, runner);
+}
+
+int32_t Evictor::Budget(const Sequence& seq, const KvCacheManager& kv) const {
+  // Shared blocks stay as they are and count against the budget: the budget grows to hold
+  // them with the sinks and the window rather than fail (or evict every step for nothing).
+  const int64_t floor =
+      int64_t{kv.SharedPrefixSlots(seq.id)} + config_.guard.sink + config_.guard.window;
+  return static_cast<int32_t>(std::min<int64_t>(
+      std::max<int64_t>(seq.kv_budget.For(seq.n_computed, config_.guard), floor), INT32_MAX));
 }
 
 Status Evictor::Score(const Sequence& seq, const BlockTable& table, StepRunner& runner,
@@ -105,14 +118,8 @@ Expected<EvictionOutcome> Evictor::Evict(Sequence* seq, KvCacheManager& kv, Step
     return Status::Error(StrFormat("eviction: sequence %lld has %d slots in its table, not %d",
                                    (long long)seq->id.value, table.num_tokens, n));
   }
-  // Shared blocks stay as they are and count against the budget: the budget grows to hold
-  // them with the sinks and the window rather than fail.
   const int32_t frozen = kv.SharedPrefixSlots(seq->id);
-  const int64_t floor = int64_t{frozen} + config_.guard.sink + config_.guard.window;
-  const int32_t budget = static_cast<int32_t>(
-      std::min<int64_t>(std::max<int64_t>(seq->kv_budget.For(seq->n_computed, config_.guard),
-                                          floor),
-                        INT32_MAX));
+  const int32_t budget = Budget(*seq, kv);
   seq->decode_steps_since_eviction = 0;
   if (budget >= n) return out;
   std::vector<float> scores(n);

@@ -68,6 +68,8 @@ class Evictor {
                     int32_t block_size) const;
 
  private:
+  // The positions seq keeps now: its budget, at least its shared slots, sinks and window.
+  int32_t Budget(const Sequence& seq, const KvCacheManager& kv) const;
   Status Score(const Sequence& seq, const BlockTable& table, StepRunner& runner,
                std::span<float> scores);
 

@@ -97,6 +97,10 @@ struct Sequence {
   // hold positions 0, 1, ...: slot i holds the key of position slot_positions[i] (empty while
   // nothing was evicted), and n_evicted positions are gone, so it holds n_slots() slots.
   KvBudget kv_budget;  // unset: no eviction
+  // With a budget: the most slots the sequence may hold (its prompt, or its budget and a block;
+  // what admission checked the pool can hold). A recompute after preemption is prefilled in
+  // chunks that keep under it, evicting after each. 0: no cap.
+  int32_t max_slots = 0;
   std::vector<int32_t> slot_positions;
   int32_t n_evicted = 0;
   int32_t decode_steps_since_eviction = 0;

@@ -52,6 +52,14 @@ void Scheduler::Remove(Sequence* seq) {
   seq->state = SeqState::kFinished;
 }
 
+int32_t Scheduler::ChunkCap(const Sequence& seq) const {
+  if (seq.max_slots <= 0 || seq.n_pending() <= 1) return seq.n_pending();
+  // A sequence with a KV budget never holds more than max_slots: its chunks stop there, and
+  // token eviction after each brings it back under its budget.
+  const int32_t room = seq.max_slots - kv_.Table(seq.id).num_tokens;
+  return std::clamp(room, 1, seq.n_pending());
+}
+
 int32_t Scheduler::running_seats() const {
   int32_t seats = 0;
   for (const Sequence* s : running_) seats += s->seats;
@@ -82,7 +90,7 @@ SchedulePlan Scheduler::Plan() const {
   for (Sequence* seq : order) {
     if (budget == 0) break;
     if (Contains(plan.preempt, seq)) continue;
-    const int32_t n = std::min(seq->n_pending(), budget);
+    const int32_t n = std::min(ChunkCap(*seq), budget);
     if (n <= 0) continue;
     const int32_t need = kv_.BlocksToAppend(seq->id, n);
     while (need > free) {
@@ -114,7 +122,7 @@ SchedulePlan Scheduler::Plan() const {
       // The cached prefix is shared, not computed: only the rest is prefilled. Its blocks were
       // hashed when the sequence was queued (AddWaiting).
       PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());
-      const int32_t n = std::min(seq->n_pending() - prefix.n_tokens, budget);
+      const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), budget);
       const int32_t need = prefix.blocks.empty()
                                ? AdmissionBlocks(*seq, n)
                                : kv_.BlocksFor(prefix.n_tokens + n) -

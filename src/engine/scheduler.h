@@ -69,6 +69,9 @@ class Scheduler {
   const std::vector<Sequence*>& running() const { return running_; }
   const std::vector<Sequence*>& waiting() const { return waiting_; }
   int32_t running_seats() const;
+  // Tokens of seq a run may compute now: its pending ones, fewer for a sequence whose KV budget
+  // caps the slots it holds (Sequence::max_slots).
+  int32_t ChunkCap(const Sequence& seq) const;
   // Blocks a sequence needs to be admitted with its first n tokens.
   int32_t AdmissionBlocks(const Sequence& seq, int32_t n_tokens) const;
 
