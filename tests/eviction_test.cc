@@ -342,5 +342,57 @@ TEST(LoadKeys, MatchesTheScalarDecoderForEveryType) {
   }
 }
 
+// MoveKvSlots (runs of slots, what the model runner uses) leaves every byte of the layer as the
+// slot-by-slot moves do, for every type, with runs that cross kernel blocks on either side.
+TEST(MoveKvSlots, RunsEqualSlotBySlotMovesByteForByte) {
+  for (KvType t : kAllKvTypes) {
+    SCOPED_TRACE(std::string(KvTypeName(t)));
+    KvGeometry g;
+    g.n_layer = 1;
+    g.n_head_kv = 2;
+    g.head_dim_k = g.head_dim_v = 64;
+    g.block_size = 16;
+    g.k_type = g.v_type = t;
+    KvStorage by_slot(PlainKvFormat(g), 6), by_run(PlainKvFormat(g), 6);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> k(128), v(128);
+    for (int32_t s = 16; s < 96; ++s) {
+      for (float& x : k) x = dist(rng);
+      for (float& x : v) x = dist(rng);
+      WriteKv(by_slot.layers()[0], s, s, k.data(), v.data());
+      WriteKv(by_run.layers()[0], s, s, k.data(), v.data());
+    }
+    // Kept: a sink run, then runs that shift by 3, 9 and 20 across block boundaries.
+    std::vector<int32_t> kept = {0, 1, 2, 3};
+    for (int32_t s = 7; s < 30; ++s) kept.push_back(s);
+    for (int32_t s = 36; s < 52; ++s) kept.push_back(s);
+    for (int32_t s = 63; s < 80; ++s) kept.push_back(s);
+    auto plan = PlanCompaction(kept, Iota(80), 16);
+    ASSERT_TRUE(plan.ok());
+    for (const SlotMove& m : plan->moves) MoveKvSlot(by_slot.layers()[0], 16 + m.src, 16 + m.dst);
+    for (size_t i = 0; i < plan->moves.size();) {
+      size_t len = 1;
+      while (i + len < plan->moves.size() &&
+             plan->moves[i + len].src == plan->moves[i].src + static_cast<int32_t>(len) &&
+             plan->moves[i + len].dst == plan->moves[i].dst + static_cast<int32_t>(len)) {
+        ++len;
+      }
+      MoveKvSlots(by_run.layers()[0], 16 + plan->moves[i].src, 16 + plan->moves[i].dst,
+                  static_cast<int64_t>(len));
+      i += len;
+    }
+    const KvLayerView& a = by_slot.layers()[0];
+    const KvLayerView& b = by_run.layers()[0];
+    // Blocks 1..5 (block 0 is never written: its bytes are whatever the pool held).
+    EXPECT_EQ(std::memcmp(a.k + a.k_block_stride(), b.k + b.k_block_stride(),
+                          5 * a.k_block_stride()),
+              0);
+    EXPECT_EQ(std::memcmp(a.v + a.v_block_stride(), b.v + b.v_block_stride(),
+                          5 * a.v_block_stride()),
+              0);
+  }
+}
+
 }  // namespace
 }  // namespace kvs

@@ -1,5 +1,6 @@
 #include "engine/model_runner.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "engine/evictor.h"
@@ -116,8 +117,20 @@ Status ModelRunner::MoveSlots(const BlockTable& table, std::span<const SlotMove>
   auto physical = [&](int32_t slot) {
     return static_cast<int64_t>(table.blocks[slot / bs].value) * bs + slot % bs;
   };
-  for (const KvLayerView& layer : storage_.layers()) {
-    for (const SlotMove& mv : moves) MoveKvSlot(layer, physical(mv.src), physical(mv.dst));
+  // Runs of consecutive moves (src and dst both + 1) within one pool block on each side are
+  // one byte copy per head row: compaction moves long stretches by the same shift.
+  for (size_t i = 0; i < moves.size();) {
+    const int32_t src = moves[i].src, dst = moves[i].dst;
+    const int32_t room = std::min(bs - src % bs, bs - dst % bs);
+    int32_t len = 1;
+    while (len < room && i + len < moves.size() && moves[i + len].src == src + len &&
+           moves[i + len].dst == dst + len) {
+      ++len;
+    }
+    for (const KvLayerView& layer : storage_.layers()) {
+      MoveKvSlots(layer, physical(src), physical(dst), len);
+    }
+    i += static_cast<size_t>(len);
   }
   return Status::Ok();
 }

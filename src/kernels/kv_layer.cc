@@ -101,7 +101,10 @@ void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
   }
 }
 
-void MoveKvSlot(const KvLayerView& layer, int64_t src, int64_t dst) {
+namespace {
+
+// Slots [src, src + len) to [dst, dst + len), within one kernel block on each side.
+void MoveKvRun(const KvLayerView& layer, int64_t src, int64_t dst, int32_t len) {
   if (src == dst) return;
   const size_t kh = layer.k_head_bytes(), vh = layer.v_head_bytes();
   const auto at = [](int64_t slot, size_t stride, uint8_t* base) {
@@ -114,8 +117,25 @@ void MoveKvSlot(const KvLayerView& layer, int64_t src, int64_t dst) {
   const int32_t ps = static_cast<int32_t>(src % kKvBlockTokens);
   const int32_t pd = static_cast<int32_t>(dst % kKvBlockTokens);
   for (int32_t h = 0; h < layer.n_head_kv; ++h) {
-    MoveKey(layer.k_type, ks + h * kh, ps, kd + h * kh, pd, layer.head_dim_k);
-    MoveValue(layer.v_type, vs + h * vh, ps, vd + h * vh, pd, layer.head_dim_v);
+    MoveKey(layer.k_type, ks + h * kh, ps, kd + h * kh, pd, layer.head_dim_k, len);
+    MoveValue(layer.v_type, vs + h * vh, ps, vd + h * vh, pd, layer.head_dim_v, len);
+  }
+}
+
+}  // namespace
+
+void MoveKvSlot(const KvLayerView& layer, int64_t src, int64_t dst) {
+  MoveKvSlots(layer, src, dst, 1);
+}
+
+void MoveKvSlots(const KvLayerView& layer, int64_t src, int64_t dst, int64_t len) {
+  while (len > 0) {
+    const int64_t n = std::min({len, int64_t{kKvBlockTokens} - src % kKvBlockTokens,
+                                int64_t{kKvBlockTokens} - dst % kKvBlockTokens});
+    MoveKvRun(layer, src, dst, static_cast<int32_t>(n));
+    src += n;
+    dst += n;
+    len -= n;
   }
 }
 

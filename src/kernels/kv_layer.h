@@ -105,6 +105,9 @@ void GatherKeyRope(const KvLayerView& layer, std::span<const int32_t> positions,
 // never requantized: MoveKey/MoveValue). The key keeps the RoPE position it was written at, which
 // attention must be told (BatchSequence::key_positions). What compaction does per kept slot.
 void MoveKvSlot(const KvLayerView& layer, int64_t src, int64_t dst);
+// The same for slots [src, src + len) to [dst, dst + len), dst <= src, as few byte copies as the
+// kernel blocks allow (a run is split where it crosses a block on either side).
+void MoveKvSlots(const KvLayerView& layer, int64_t src, int64_t dst, int64_t len);
 
 // Copies n kernel blocks starting at src to the n starting at dst (one layer). The ranges may
 // overlap: compaction moves a run of blocks down over its own tail.

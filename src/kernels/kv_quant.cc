@@ -408,41 +408,44 @@ void StoreValue(KvType t, uint8_t* head_block, int32_t n, int32_t pos, const flo
 }
 
 void MoveKey(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
-             int32_t dst_pos, int32_t n) {
-  if (src_block == dst_block && src_pos == dst_pos) return;
+             int32_t dst_pos, int32_t n, int32_t len) {
+  if (len <= 0 || (src_block == dst_block && src_pos == dst_pos)) return;
   const size_t row_bytes = KeyRowBytes(t);
   const int32_t bits = KvCodeBits(t);
   if (bits % 8 == 0) {
-    // Whole-byte codes: each dimension's code is a few bytes of its row.
+    // Whole-byte codes: a dimension's codes of consecutive positions are consecutive bytes.
     const size_t code_bytes = static_cast<size_t>(bits / 8);
     for (int32_t d = 0; d < n; ++d) {
-      std::memcpy(dst_block + d * row_bytes + dst_pos * code_bytes,
-                  src_block + d * row_bytes + src_pos * code_bytes, code_bytes);
+      std::memmove(dst_block + d * row_bytes + dst_pos * code_bytes,
+                   src_block + d * row_bytes + src_pos * code_bytes, len * code_bytes);
     }
   } else {
-    for (int32_t d = 0; d < n; ++d) {
-      const uint32_t code = GetCode(t, src_block + d * row_bytes, 16, src_pos);
-      PutCode(t, {dst_block + d * row_bytes, 16, dst_pos}, code);
+    // Sub-byte codes share bytes with their neighbours: one code at a time, in the order that
+    // never overwrites a code before it is read (dst before src: ascending).
+    for (int32_t i = 0; i < len; ++i) {
+      for (int32_t d = 0; d < n; ++d) {
+        const uint32_t code = GetCode(t, src_block + d * row_bytes, 16, src_pos + i);
+        PutCode(t, {dst_block + d * row_bytes, 16, dst_pos + i}, code);
+      }
     }
   }
   const int32_t g = KvGroupSize(t, n);
   for (int32_t j = 0; g != 0 && j < n / g; ++j) {
-    uint16_t h;
-    std::memcpy(&h, src_block + n * row_bytes + 2 * (j * 16 + src_pos), 2);
-    PutScale(dst_block + n * row_bytes, j * 16 + dst_pos, h);
+    std::memmove(dst_block + n * row_bytes + 2 * (j * 16 + dst_pos),
+                 src_block + n * row_bytes + 2 * (j * 16 + src_pos), 2 * static_cast<size_t>(len));
   }
 }
 
 void MoveValue(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
-               int32_t dst_pos, int32_t n) {
-  if (src_block == dst_block && src_pos == dst_pos) return;
+               int32_t dst_pos, int32_t n, int32_t len) {
+  if (len <= 0 || (src_block == dst_block && src_pos == dst_pos)) return;
   const size_t row_bytes = KvValueRowBytes(t, n);
-  std::memmove(dst_block + dst_pos * row_bytes, src_block + src_pos * row_bytes, row_bytes);
+  std::memmove(dst_block + dst_pos * row_bytes, src_block + src_pos * row_bytes, len * row_bytes);
   const int32_t g = KvGroupSize(t, n);
   if (g == 0) return;
   const size_t scale_bytes = 2 * static_cast<size_t>(n / g);
   std::memmove(dst_block + 16 * row_bytes + dst_pos * scale_bytes,
-               src_block + 16 * row_bytes + src_pos * scale_bytes, scale_bytes);
+               src_block + 16 * row_bytes + src_pos * scale_bytes, len * scale_bytes);
 }
 
 float LoadKey(KvType t, const uint8_t* head_block, int32_t n, int32_t dim, int32_t pos) {

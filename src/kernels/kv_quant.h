@@ -16,11 +16,13 @@ void StoreValue(KvType t, uint8_t* head_block, int32_t head_dim, int32_t pos, co
 
 // Copies the stored key (or value) of position src_pos of one head block to position dst_pos of
 // another (or the same), as codes and scales: bytes, never requantized, so a moved key reads back
-// exactly as it did. What compaction does to the keys it keeps.
+// exactly as it did. What compaction does to the keys it keeps. len > 1 moves positions
+// [src_pos, src_pos + len) to [dst_pos, dst_pos + len) (all within the blocks); in one block
+// dst_pos <= src_pos, as compaction's moves are.
 void MoveKey(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
-             int32_t dst_pos, int32_t head_dim);
+             int32_t dst_pos, int32_t head_dim, int32_t len = 1);
 void MoveValue(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst_block,
-               int32_t dst_pos, int32_t head_dim);
+               int32_t dst_pos, int32_t head_dim, int32_t len = 1);
 
 // The stored element (dim, pos), dequantized; for rotated types in the rotated basis.
 float LoadKey(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t dim, int32_t pos);
