@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "engine/eviction_config.h"
 #include "kvserve/kvserve.h"
 
 namespace kvs::cli {
@@ -57,7 +58,19 @@ int RunGenerate(GenerateArgs a) {
   if (a.n_predict == 0) return 0;
 
   kvserve::EngineOptions& eo = a.engine.options;
-  if (eo.n_ctx == 0) eo.n_ctx = model->n_ctx_train();
+  auto budget = ParseKvBudget(eo.kv_budget, {eo.kv_sink, eo.kv_window});
+  if (!budget.ok()) {
+    std::fprintf(stderr, "error: %s\n", budget.error().c_str());
+    return 1;
+  }
+  if (eo.n_ctx == 0) {
+    eo.n_ctx = model->n_ctx_train();
+    // With a KV budget the context bounds positions, not memory: by default -n is allowed to
+    // run past the training context (as llama.cpp's context shift lets it).
+    if (budget->active() && a.n_predict > 0) {
+      eo.n_ctx = std::max<int64_t>(eo.n_ctx, static_cast<int64_t>(ids.size()) + a.n_predict + 1);
+    }
+  }
   if (static_cast<int64_t>(ids.size()) >= eo.n_ctx) {
     std::fprintf(stderr, "error: the prompt has %zu tokens, which does not fit the context of %d\n",
                  ids.size(), eo.n_ctx);
@@ -67,6 +80,17 @@ int RunGenerate(GenerateArgs a) {
   if (eo.kv_memory_bytes == 0) {
     int64_t positions = eo.n_ctx;
     if (a.n_predict > 0) positions = std::min<int64_t>(positions, ids.size() + a.n_predict);
+    // With a KV budget the sequence holds its prompt, or its budget and a block (or
+    // --evict-every tokens) more: a bounded pool, however long it generates.
+    if (budget->active()) {
+      const int64_t slack = std::max(eo.block_size, eo.evict_every);
+      positions = std::min<int64_t>(
+          positions,
+          std::max<int64_t>(static_cast<int64_t>(ids.size()),
+                            budget->For(static_cast<int32_t>(std::min<int64_t>(positions, INT32_MAX)),
+                                        {eo.kv_sink, eo.kv_window}) +
+                                slack));
+    }
     const int64_t blocks = (positions + eo.block_size - 1) / eo.block_size + 2;
     const double per_token = model->kv_bytes_per_token(eo.cache_type_k, eo.cache_type_v);
     if (per_token > 0) {  // else Engine::Start reports the bad type
@@ -95,17 +119,25 @@ int RunGenerate(GenerateArgs a) {
   // stats are those after its last step (post-eviction), so this is the peak between steps.
   const bool evicting = !eo.kv_budget.empty();
   int32_t peak_blocks = 0;
+  std::vector<double> token_times;  // seconds since t0 of each generated token
+  int64_t first_evicted_token = -1;  // tokens generated when the first eviction was seen
   int64_t finish_step = 0;  // steps the engine had published when the last token came
   auto sample_blocks = [&] {
     const kvserve::EngineStats s = engine->stats();
     peak_blocks = std::max(peak_blocks, s.kv_blocks_total - s.kv_blocks_free);
+    if (first_evicted_token < 0 && s.compactions > 0) {
+      first_evicted_token = static_cast<int64_t>(generated.size());
+    }
   };
   const uint64_t id = engine->Submit(
       ids, a.gen,
       [&](const kvserve::TokenEvent& e) {
         if (evicting) sample_blocks();
         if (e.token >= 0 && generated.empty()) t_first = std::chrono::steady_clock::now();
-        if (e.token >= 0) generated.push_back(e.token);
+        if (e.token >= 0) {
+          generated.push_back(e.token);
+          token_times.push_back(Since(t0));
+        }
         std::string text = e.text;
         if (strip_leading_space && !text.empty()) {
           if (text[0] == ' ') text.erase(0, 1);
@@ -178,6 +210,19 @@ int RunGenerate(GenerateArgs a) {
                  "peak KV blocks %d\n",
                  static_cast<long long>(s.evicted_tokens), static_cast<long long>(s.compactions),
                  static_cast<long long>(s.blocks_freed_by_compaction), peak_blocks);
+    // Constant memory should mean constant speed: the decode rate of the 1,000 tokens after
+    // the first eviction (the cache at its budget) against the last 1,000.
+    const int64_t n = static_cast<int64_t>(token_times.size()), w = 1000;
+    const int64_t f = first_evicted_token;
+    if (f >= 0 && n >= f + 2 * w) {
+      const double first = w / (token_times[f + w] - token_times[f]);
+      const double last = w / (token_times[n - 1] - token_times[n - 1 - w]);
+      std::fprintf(stderr,
+                   "decode rate at the budget: %.2f tokens/s over the 1000 tokens after the first "
+                   "eviction (tokens %lld-%lld), %.2f tokens/s over the last 1000 (%+.1f%%)\n",
+                   first, static_cast<long long>(f), static_cast<long long>(f + w), last,
+                   100.0 * (last / first - 1.0));
+    }
   }
   return 0;
 }
