@@ -99,7 +99,7 @@ struct EngineOptions {
   std::string kv_budget;
   int32_t kv_sink = 4;
   int32_t kv_window = 32;
-  std::string evict_policy = "keydiff";
+  std::string evict_policy = "streaming";
   int32_t evict_every = 0;  // decode steps between evictions (0: once a block past the budget)
 };
 

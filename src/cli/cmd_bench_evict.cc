@@ -333,7 +333,7 @@ Runner AddEvictBenchCommand(CLI::App* bench) {
   cmd->add_option("--kv-window", a->eviction.guard.window, "Recent positions never evicted")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--evict-policy", a->eviction.policy, "keydiff, streaming, h2o, snapkv, tri")
+  cmd->add_option("--evict-policy", a->eviction.policy, "streaming, keydiff, h2o, snapkv, tri")
       ->capture_default_str()
       ->check(CLI::IsMember({"keydiff", "streaming", "h2o", "snapkv", "tri"}));
   cmd->add_option("--evict-every", a->eviction.every,

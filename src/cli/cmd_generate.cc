@@ -63,13 +63,13 @@ int RunGenerate(GenerateArgs a) {
     std::fprintf(stderr, "error: %s\n", budget.error().c_str());
     return 1;
   }
-  if (eo.n_ctx == 0) {
-    eo.n_ctx = model->n_ctx_train();
-    // With a KV budget the context bounds positions, not memory: by default -n is allowed to
-    // run past the training context (as llama.cpp's context shift lets it).
-    if (budget->active() && a.n_predict > 0) {
-      eo.n_ctx = std::max<int64_t>(eo.n_ctx, static_cast<int64_t>(ids.size()) + a.n_predict + 1);
-    }
+  if (eo.n_ctx == 0) eo.n_ctx = model->n_ctx_train();
+  // With a KV budget the context bounds positions, not memory: unless -c says otherwise, -n may
+  // run past it (as llama.cpp's context shift lets it).
+  const bool ctx_given = a.engine.ctx_flag != nullptr && a.engine.ctx_flag->count() > 0;
+  if (budget->active() && a.n_predict > 0 && !ctx_given) {
+    eo.n_ctx = static_cast<int32_t>(std::min<int64_t>(
+        1 << 24, std::max<int64_t>(eo.n_ctx, static_cast<int64_t>(ids.size()) + a.n_predict + 1)));
   }
   if (static_cast<int64_t>(ids.size()) >= eo.n_ctx) {
     std::fprintf(stderr, "error: the prompt has %zu tokens, which does not fit the context of %d\n",

@@ -69,7 +69,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--evict-policy", a->eviction.policy,
-                  "Token eviction policy: keydiff, streaming, h2o, snapkv, tri")
+                  "Token eviction policy: streaming, keydiff, h2o, snapkv, tri")
       ->capture_default_str()
       ->check(CLI::IsMember({"keydiff", "streaming", "h2o", "snapkv", "tri"}));
   cmd->add_option("--evict-every", a->eviction.every,

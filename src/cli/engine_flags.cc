@@ -26,7 +26,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   kvserve::EngineOptions& o = f->options;
   o.n_parallel = default_parallel;
   o.threads = ThreadPool::DefaultThreadCount();
-  cmd->add_option("-c,--ctx-size", o.n_ctx,
+  f->ctx_flag = cmd->add_option("-c,--ctx-size", o.n_ctx,
                   "Most tokens (prompt + output) of one sequence (0: the model's training context)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 24));
@@ -111,10 +111,10 @@ void AddEvictionFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--evict-policy", o.evict_policy,
-                  "Token eviction: which positions to keep: keydiff (keys least like the mean "
-                  "key), streaming (sinks + recent), h2o (attention received), snapkv (attention "
-                  "of the prompt's last tokens, pooled), tri (key geometry against calibrated "
-                  "query centres)")
+                  "Token eviction: which positions to keep: streaming (sinks + recent; the best "
+                  "of the fidelity table, see README), keydiff (keys least like the mean key), "
+                  "h2o (attention received), snapkv (attention of the prompt's last tokens, "
+                  "pooled), tri (key geometry against calibrated query centres)")
       ->capture_default_str()
       ->check(CLI::IsMember({"keydiff", "streaming", "h2o", "snapkv", "tri"}));
   cmd->add_option("--evict-every", o.evict_every,

@@ -21,6 +21,7 @@ struct EngineFlags {
   CLI::Option* draft_min_flag = nullptr;
   CLI::Option* draft_weights_flag = nullptr;
   CLI::Option* draft_window_flag = nullptr;
+  CLI::Option* ctx_flag = nullptr;  // -c, to tell a default from a given context
 };
 
 // Registers the flags on cmd; default_parallel is -np's default for this command.

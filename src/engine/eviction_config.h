@@ -30,7 +30,7 @@ Expected<KvBudget> ParseKvBudget(std::string_view text, const EvictionGuard& gua
                                  std::string_view what = "--kv-budget");
 
 // The policy the fidelity table (README, "Token eviction") found best: the --evict-policy default.
-inline constexpr char kDefaultEvictPolicy[] = "keydiff";
+inline constexpr char kDefaultEvictPolicy[] = "streaming";
 
 struct EvictionConfig {
   KvBudget budget;                        // --kv-budget: the default of every request
