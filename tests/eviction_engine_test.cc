@@ -443,7 +443,10 @@ TEST(EvictionEngineInput, RequestBudgetsBelowTheGuardsOrOverAHundredPercentAreRe
   Engine e(cfg, runner);
   const std::vector<int32_t> prompt = Prompt(10, 1);
   for (const KvBudget bad : {KvBudget{35, false}, KvBudget{1, false}, KvBudget{101, true},
-                             KvBudget{-3, false}, KvBudget{-1, true}}) {
+                             KvBudget{-3, false}, KvBudget{-1, true},
+                             // Over 100% by its tenths, or tenths ParseKvBudget never makes.
+                             KvBudget{100, true, 5}, KvBudget{12, true, 10},
+                             KvBudget{12, true, -1}, KvBudget{40, false, 5}}) {
     RequestOptions o = Greedy(8);
     o.kv_budget = bad;
     const Status st = e.ValidateRequest(prompt, o);
