@@ -443,7 +443,10 @@ TEST(EvictionEngineInput, RequestBudgetsBelowTheGuardsOrOverAHundredPercentAreRe
   Engine e(cfg, runner);
   const std::vector<int32_t> prompt = Prompt(10, 1);
   for (const KvBudget bad : {KvBudget{35, false}, KvBudget{1, false}, KvBudget{101, true},
-                             KvBudget{-3, false}, KvBudget{-1, true}}) {
+                             KvBudget{-3, false}, KvBudget{-1, true},
+                             // Over 100% by its tenths, or tenths ParseKvBudget never makes.
+                             KvBudget{100, true, 5}, KvBudget{12, true, 10},
+                             KvBudget{12, true, -1}, KvBudget{40, false, 5}}) {
     RequestOptions o = Greedy(8);
     o.kv_budget = bad;
     const Status st = e.ValidateRequest(prompt, o);
@@ -614,10 +617,11 @@ class Harness {
       }
       if (!s->kv_budget.active() || s->in_prefill() || s->n_output() == 0) continue;
       const int32_t frozen = e.kv().SharedPrefixSlots(s->id);
-      const int32_t bound = std::max(s->kv_budget.For(s->n_computed, ev.guard),
-                                     frozen + ev.guard.sink + ev.guard.window) +
+      const int64_t bound = std::max(int64_t{s->kv_budget.For(s->n_computed, ev.guard)},
+                                     int64_t{frozen} + ev.guard.sink + ev.guard.window) +
                             e.kv().block_size();
-      out_.worst_excess = std::max(out_.worst_excess, t.num_tokens - bound);
+      out_.worst_excess = static_cast<int32_t>(std::max<int64_t>(
+          out_.worst_excess, std::max<int64_t>(int64_t{t.num_tokens} - bound, INT_MIN)));
     }
   }
   void RunToEnd(int max_steps = 5000) {
@@ -707,6 +711,23 @@ TEST_P(EvictionModelTest, BudgetThatNeverBindsChangesNoToken) {
       EXPECT_LE(o.worst_excess, 0);
       EXPECT_GT(o.worst_excess, INT_MIN) << "no sequence had a budget";
     }
+  }
+}
+
+// 1b. The largest budget a flag or request may give (2147483647 positions) never evicts and
+// changes no token; decode's "a block past the budget" is not an int32 overflow (UBSan).
+TEST_P(EvictionModelTest, Int32MaxBudgetNeverEvicts) {
+  const auto all = LongPrompts(*model_);
+  const std::vector<std::vector<int32_t>> prompts(all.begin(), all.begin() + 2);
+  const Outcome plain = Serve(*model_, ModelConfig(), prompts, GreedyWith(40));
+  for (const std::string policy : {"streaming", "keydiff"}) {
+    SCOPED_TRACE(policy);
+    EngineConfig cfg = ModelConfig(policy);
+    cfg.eviction.budget = KvBudget{INT32_MAX, false};
+    const Outcome o = Serve(*model_, cfg, prompts, GreedyWith(40));
+    EXPECT_EQ(o.tokens, plain.tokens);
+    EXPECT_EQ(o.totals.evicted_tokens, 0);
+    EXPECT_EQ(o.totals.compactions, 0);
   }
 }
 

@@ -96,7 +96,10 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
   if (o.logprobs > 20) return Status::Error(StrFormat("logprobs %d: at most 20", o.logprobs));
   KVS_RETURN_IF_ERROR(o.sampling.Validate());
   const EvictionGuard& guard = config_.eviction.guard;
-  if (o.kv_budget.value < 0 || (o.kv_budget.percent && o.kv_budget.value > 100) ||
+  // As ParseKvBudget: at most 100% (100.5% too is over), one decimal digit, no negatives.
+  const KvBudget& rb = o.kv_budget;
+  if (rb.value < 0 || rb.tenths < 0 || rb.tenths > 9 || (!rb.percent && rb.tenths != 0) ||
+      (rb.percent && (rb.value > 100 || (rb.value == 100 && rb.tenths > 0))) ||
       (o.kv_budget.active() && !o.kv_budget.percent &&
        o.kv_budget.value < int64_t{guard.sink} + guard.window)) {
     return Status::Error(StrFormat(

@@ -52,7 +52,8 @@ Expected<EvictionOutcome> Evictor::AfterStep(Sequence* seq, EvictionPoint point,
   } else if (config_.every > 0) {
     due = slots > budget && seq->decode_steps_since_eviction >= config_.every;
   } else {
-    due = slots >= budget + kv.block_size();
+    // In 64 bits: a budget near INT32_MAX (--kv-budget 2147483647) plus a block would overflow.
+    due = int64_t{slots} >= int64_t{budget} + kv.block_size();
   }
   if (!due) return EvictionOutcome{};
   return Evict(seq, kv, runner);
