@@ -385,12 +385,10 @@ TEST(MoveKvSlots, RunsEqualSlotBySlotMovesByteForByte) {
     const KvLayerView& a = by_slot.layers()[0];
     const KvLayerView& b = by_run.layers()[0];
     // Blocks 1..5 (block 0 is never written: its bytes are whatever the pool held).
-    EXPECT_EQ(std::memcmp(a.k + a.k_block_stride(), b.k + b.k_block_stride(),
-                          5 * a.k_block_stride()),
-              0);
-    EXPECT_EQ(std::memcmp(a.v + a.v_block_stride(), b.v + b.v_block_stride(),
-                          5 * a.v_block_stride()),
-              0);
+    EXPECT_EQ(
+        std::memcmp(a.k + a.k_block_stride(), b.k + b.k_block_stride(), 5 * a.k_block_stride()), 0);
+    EXPECT_EQ(
+        std::memcmp(a.v + a.v_block_stride(), b.v + b.v_block_stride(), 5 * a.v_block_stride()), 0);
   }
 }
 

@@ -248,8 +248,9 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
     spec.draft_window = o.draft_window;
   }
   if (ec.eviction.budget.active() && spec.type != kvs::SpecType::kNone) {
-    *error = "--kv-budget and --spec-type cannot be combined yet: drafters read the KV by "
-             "position, and a sequence that evicted holds fewer slots than positions";
+    *error =
+        "--kv-budget and --spec-type cannot be combined yet: drafters read the KV by "
+        "position, and a sequence that evicted holds fewer slots than positions";
     return nullptr;
   }
   if (auto st = ec.Validate(); !st.ok()) {

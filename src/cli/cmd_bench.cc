@@ -352,8 +352,7 @@ Runner AddBenchCommand(CLI::App& root) {
   Runner serve_bench = AddServeBenchCommand(bench);
   Runner spec_bench = AddSpecBenchCommand(bench);
   Runner evict_bench = AddEvictBenchCommand(bench);
-  return [a, speed, bw, bandwidth, engine_benches, serve_bench, spec_bench,
-          evict_bench]() -> int {
+  return [a, speed, bw, bandwidth, engine_benches, serve_bench, spec_bench, evict_bench]() -> int {
     if (const int rc = evict_bench(); rc >= 0) return rc;
     if (const int rc = engine_benches(); rc >= 0) return rc;
     if (const int rc = spec_bench(); rc >= 0) return rc;

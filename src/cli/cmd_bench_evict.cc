@@ -121,8 +121,8 @@ Expected<EvictRun> RunOnce(const Model& model, const Tokenizer* tokenizer, Threa
           r.peak_blocks_per_seq, static_cast<int32_t>(engine.kv().Table(seq->id).blocks.size()));
     }
     r.max_concurrent = std::max(r.max_concurrent, long_running);
-    r.peak_blocks_used = std::max(
-        r.peak_blocks_used, engine.kv().num_usable_blocks() - engine.kv().num_free_blocks());
+    r.peak_blocks_used = std::max(r.peak_blocks_used,
+                                  engine.kv().num_usable_blocks() - engine.kv().num_free_blocks());
     r.evicted_tokens = s.evicted_tokens;
     r.compactions = s.compactions;
     r.blocks_freed = s.blocks_freed_by_compaction;
@@ -149,7 +149,7 @@ int RunEvict(EvictArgs a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
   if (a.depth > 0) a.prompt_tokens = a.depth;
-  if (a.concurrency <= 0) a.concurrency = a.requests;
+  if (a.concurrency <= 0 || a.concurrency > a.requests) a.concurrency = a.requests;
   auto budget = ParseKvBudget(a.kv_budget, a.eviction.guard);
   if (!budget.ok()) {
     std::fprintf(stderr, "error: %s\n", budget.error().c_str());
@@ -171,8 +171,8 @@ int RunEvict(EvictArgs a) {
     return 1;
   }
   KvFormatOptions kv;
-  for (auto [name, type] : {std::pair{&a.cache_type_k, &kv.types.k},
-                            std::pair{&a.cache_type_v, &kv.types.v}}) {
+  for (auto [name, type] :
+       {std::pair{&a.cache_type_k, &kv.types.k}, std::pair{&a.cache_type_v, &kv.types.v}}) {
     auto parsed = ParseKvType(*name);
     if (!parsed) {
       std::fprintf(stderr, "error: %s\n", parsed.error().c_str());
@@ -207,7 +207,8 @@ int RunEvict(EvictArgs a) {
   }
   const int64_t n_blocks = kv_bytes / block_bytes + 1;
   if (n_blocks < 3 || n_blocks > (int64_t{1} << 30)) {
-    std::fprintf(stderr, "error: --kv-memory holds %lld blocks of %lld bytes: too few or too many\n",
+    std::fprintf(stderr,
+                 "error: --kv-memory holds %lld blocks of %lld bytes: too few or too many\n",
                  static_cast<long long>(n_blocks - 1), static_cast<long long>(block_bytes));
     return 1;
   }
@@ -284,8 +285,9 @@ int RunEvict(EvictArgs a) {
               static_cast<long long>(evict->evicted_tokens),
               static_cast<long long>(evict->compactions),
               static_cast<long long>(evict->blocks_freed), evict->FreedRatio(cfg.block_size));
-  std::printf("| run | max concurrent | peak blocks/seq | preemptions | output t/s | decode t/s |\n"
-              "|---|---|---|---|---|---|\n");
+  std::printf(
+      "| run | max concurrent | peak blocks/seq | preemptions | output t/s | decode t/s |\n"
+      "|---|---|---|---|---|---|\n");
   std::printf("| --kv-budget %s | %d | %d | %lld | %.1f | %.1f |\n",
               a.eviction.budget.ToString().c_str(), evict->max_concurrent,
               evict->peak_blocks_per_seq, static_cast<long long>(evict->preemptions),
@@ -322,8 +324,9 @@ Runner AddEvictBenchCommand(CLI::App* bench) {
   cmd->add_option("--gen-tokens", a->gen_tokens, "Tokens generated per request (EOS ignored)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("-d,--depth", a->depth, "Prompt length, as --prompt-tokens (the depth decoding "
-                                          "starts at)")
+  cmd->add_option("-d,--depth", a->depth,
+                  "Prompt length, as --prompt-tokens (the depth decoding "
+                  "starts at)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--kv-budget", a->kv_budget, "Positions each sequence keeps, or N% of its length")
       ->capture_default_str();

@@ -85,11 +85,11 @@ int RunGenerate(GenerateArgs a) {
     if (budget->active()) {
       const int64_t slack = std::max(eo.block_size, eo.evict_every);
       positions = std::min<int64_t>(
-          positions,
-          std::max<int64_t>(static_cast<int64_t>(ids.size()),
-                            budget->For(static_cast<int32_t>(std::min<int64_t>(positions, INT32_MAX)),
-                                        {eo.kv_sink, eo.kv_window}) +
-                                slack));
+          positions, std::max<int64_t>(
+                         static_cast<int64_t>(ids.size()),
+                         budget->For(static_cast<int32_t>(std::min<int64_t>(positions, INT32_MAX)),
+                                     {eo.kv_sink, eo.kv_window}) +
+                             slack));
     }
     const int64_t blocks = (positions + eo.block_size - 1) / eo.block_size + 2;
     const double per_token = model->kv_bytes_per_token(eo.cache_type_k, eo.cache_type_v);
@@ -117,11 +117,11 @@ int RunGenerate(GenerateArgs a) {
   std::chrono::steady_clock::time_point t_first;
   // Blocks in use, sampled as tokens stream: what eviction held the cache to. The engine's
   // stats are those after its last step (post-eviction), so this is the peak between steps.
-  const bool evicting = !eo.kv_budget.empty();
+  const bool evicting = budget->active();
   int32_t peak_blocks = 0;
-  std::vector<double> token_times;  // seconds since t0 of each generated token
+  std::vector<double> token_times;   // seconds since t0 of each generated token
   int64_t first_evicted_token = -1;  // tokens generated when the first eviction was seen
-  int64_t finish_step = 0;  // steps the engine had published when the last token came
+  int64_t finish_step = 0;           // steps the engine had published when the last token came
   auto sample_blocks = [&] {
     const kvserve::EngineStats s = engine->stats();
     peak_blocks = std::max(peak_blocks, s.kv_blocks_total - s.kv_blocks_free);

@@ -176,10 +176,11 @@ Runner AddPerplexityCommand(CLI::App& root) {
           r->ppl, r->ppl * r->nll_stddev, r->nll, r->n_chunks, a->n_ctx,
           static_cast<long long>(r->n_scored), r->seconds);
       if (r->has_eviction) {
-        std::printf("token eviction: --kv-budget %s --evict-policy %s kept %.1f%% of the context "
-                    "on average (%lld positions evicted)\n",
-                    options.eviction.budget.ToString().c_str(), options.eviction.policy.c_str(),
-                    r->kv_kept_pct, static_cast<long long>(r->evicted_tokens));
+        std::printf(
+            "token eviction: --kv-budget %s --evict-policy %s kept %.1f%% of the context "
+            "on average (%lld positions evicted)\n",
+            options.eviction.budget.ToString().c_str(), options.eviction.policy.c_str(),
+            r->kv_kept_pct, static_cast<long long>(r->evicted_tokens));
       }
       if (r->has_base) {
         std::printf(

@@ -26,10 +26,12 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   kvserve::EngineOptions& o = f->options;
   o.n_parallel = default_parallel;
   o.threads = ThreadPool::DefaultThreadCount();
-  f->ctx_flag = cmd->add_option("-c,--ctx-size", o.n_ctx,
-                  "Most tokens (prompt + output) of one sequence (0: the model's training context)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 24));
+  f->ctx_flag =
+      cmd->add_option(
+             "-c,--ctx-size", o.n_ctx,
+             "Most tokens (prompt + output) of one sequence (0: the model's training context)")
+          ->capture_default_str()
+          ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--parallel", o.n_parallel,
                   "Sequences decoded together (continuous batching); also -np")
       ->capture_default_str()
@@ -106,8 +108,7 @@ void AddEvictionFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-sink", o.kv_sink, "Token eviction: first positions never evicted")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-window", o.kv_window,
-                  "Token eviction: most recent positions never evicted")
+  cmd->add_option("--kv-window", o.kv_window, "Token eviction: most recent positions never evicted")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--evict-policy", o.evict_policy,

@@ -39,8 +39,8 @@ class AsyncEngine {
  public:
   // spec: the drafter (and what it reads) when the engine speculates.
   // eviction_policy: as Engine's (null: made from config.eviction.policy).
-  AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner,
-              SpecRuntime spec = {}, std::unique_ptr<EvictionPolicy> eviction_policy = nullptr);
+  AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner, SpecRuntime spec = {},
+              std::unique_ptr<EvictionPolicy> eviction_policy = nullptr);
   ~AsyncEngine();  // Shutdown()
 
   // Validates at once (bad input is an error here, not a callback) and queues the request.

@@ -170,8 +170,8 @@ Status Engine::SubmitWithId(RequestId id, std::vector<int32_t> prompt,
     if (options.max_tokens > 0) {
       length = std::min<int64_t>(length, int64_t{seq->n_prompt} + options.max_tokens);
     }
-    seq->max_slots = evictor_.PeakSlots(seq->kv_budget, seq->n_prompt,
-                                        static_cast<int32_t>(length), kv_.block_size());
+    seq->max_slots = evictor_.PeakSlots(seq->kv_budget, seq->n_prompt, static_cast<int32_t>(length),
+                                        kv_.block_size());
   }
   scheduler_.AddWaiting(seq);
   return Status::Ok();

@@ -126,8 +126,8 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   local.spec = std::move(*spec);
   auto policy = EvictionPolicyFor(config.eviction);
   if (!policy.ok()) return policy.status();
-  local.engine = std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get(),
-                                          std::move(*policy));
+  local.engine =
+      std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get(), std::move(*policy));
   return local;
 }
 

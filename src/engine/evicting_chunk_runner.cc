@@ -23,9 +23,9 @@ Expected<std::unique_ptr<EvictingChunkRunner>> EvictingChunkRunner::Make(
   if (!runner.ok()) return runner.status();
   auto policy = builder.EvictionPolicyFor(options.eviction);
   if (!policy.ok()) return policy.status();
-  return std::unique_ptr<EvictingChunkRunner>(new EvictingChunkRunner(
-      std::move(*runner), config.n_blocks, config.block_size,
-      std::make_unique<Evictor>(options.eviction, std::move(*policy))));
+  return std::unique_ptr<EvictingChunkRunner>(
+      new EvictingChunkRunner(std::move(*runner), config.n_blocks, config.block_size,
+                              std::make_unique<Evictor>(options.eviction, std::move(*policy))));
 }
 
 EvictingChunkRunner::EvictingChunkRunner(std::unique_ptr<ModelRunner> runner, int32_t n_blocks,

@@ -6,15 +6,18 @@
 namespace kvs {
 
 int32_t KvBudget::For(int32_t length, const EvictionGuard& guard) const {
-  const int64_t floor = int64_t{guard.sink} + guard.window;
+  // At least one position: a sequence always keeps its latest key.
+  const int64_t floor = std::max<int64_t>(1, int64_t{guard.sink} + guard.window);
   int64_t kept = value;
   if (percent) kept = int64_t{length} * (int64_t{value} * 10 + tenths) / 1000;
   return static_cast<int32_t>(std::min<int64_t>(std::max(kept, floor), INT32_MAX));
 }
 
 std::string KvBudget::ToString() const {
-  if (!percent) return std::to_string(value);
-  return std::to_string(value) + (tenths ? "." + std::to_string(tenths) : "") + "%";
+  std::string text = std::to_string(value);
+  if (!percent) return text;
+  if (tenths != 0) text.append(".").append(std::to_string(tenths));
+  return text.append("%");
 }
 
 Expected<KvBudget> ParseKvBudget(std::string_view text, const EvictionGuard& guard,
@@ -35,9 +38,10 @@ Expected<KvBudget> ParseKvBudget(std::string_view text, const EvictionGuard& gua
     end += 2;
   }
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-    return Status::Error(StrFormat("%.*s '%s': expected a number of positions (e.g. 1024) or a "
-                                   "percentage of the sequence's length (e.g. 25%%)",
-                                   static_cast<int>(what.size()), what.data(), shown.c_str()));
+    return Status::Error(
+        StrFormat("%.*s '%s': expected a number of positions (e.g. 1024) or a "
+                  "percentage of the sequence's length (e.g. 25%%)",
+                  static_cast<int>(what.size()), what.data(), shown.c_str()));
   }
   if (v < 0 || (b.percent && (v > 100 || (v == 100 && b.tenths > 0))) || v > INT32_MAX) {
     return Status::Error(StrFormat("%.*s '%s': must be %s", static_cast<int>(what.size()),
@@ -67,8 +71,7 @@ Status EvictionConfig::Validate() const {
     auto made = MakeEvictionPolicy(policy);
     if (!made.ok()) return made.status();
   }
-  if (budget.active() && !budget.percent &&
-      budget.value < int64_t{guard.sink} + guard.window) {
+  if (budget.active() && !budget.percent && budget.value < int64_t{guard.sink} + guard.window) {
     return Status::Error(StrFormat(
         "--kv-budget %d: must be at least --kv-sink + --kv-window (%d + %d), which are never "
         "evicted",

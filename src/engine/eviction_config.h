@@ -33,8 +33,8 @@ Expected<KvBudget> ParseKvBudget(std::string_view text, const EvictionGuard& gua
 inline constexpr char kDefaultEvictPolicy[] = "streaming";
 
 struct EvictionConfig {
-  KvBudget budget;                        // --kv-budget: the default of every request
-  EvictionGuard guard;                    // --kv-sink, --kv-window
+  KvBudget budget;                           // --kv-budget: the default of every request
+  EvictionGuard guard;                       // --kv-sink, --kv-window
   std::string policy = kDefaultEvictPolicy;  // --evict-policy
   // --evict-every: evict every N decode steps (once over the budget); 0: when the sequence has
   // grown one block past its budget, so that each eviction frees a whole block.

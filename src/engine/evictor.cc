@@ -33,8 +33,8 @@ int32_t Evictor::PeakSlots(const KvBudget& budget, int32_t n_prompt, int32_t len
   return static_cast<int32_t>(std::min<int64_t>(length, std::max<int64_t>(n_prompt, decode_peak)));
 }
 
-Expected<EvictionOutcome> Evictor::AfterStep(Sequence* seq, EvictionPoint point,
-                                             KvCacheManager& kv, StepRunner& runner) {
+Expected<EvictionOutcome> Evictor::AfterStep(Sequence* seq, EvictionPoint point, KvCacheManager& kv,
+                                             StepRunner& runner) {
   if (!seq->kv_budget.active()) return EvictionOutcome{};
   // Attention policies score a prompt by its last tokens' attention, which the last chunk
   // brings; only a recompute after preemption (its prompt and output may outgrow the pool)

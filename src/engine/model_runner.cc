@@ -75,8 +75,8 @@ Status ModelRunner::ReadKeys(const Sequence& seq, const BlockTable& table, int32
                              std::span<float> keys) {
   const ModelConfig& c = model_.config();
   const int32_t n = seq.n_slots(), hk = c.head_dim_k;
-  if (layer < 0 || layer >= c.n_layer ||
-      keys.size() != static_cast<size_t>(n) * c.n_head_kv * hk || table.num_tokens < n) {
+  if (layer < 0 || layer >= c.n_layer || keys.size() != static_cast<size_t>(n) * c.n_head_kv * hk ||
+      table.num_tokens < n) {
     return Status::Error("ReadKeys: layer, slot count or key buffer out of range");
   }
   const int32_t m = storage_.kernel_blocks_per_block();
@@ -110,8 +110,8 @@ Status ModelRunner::MoveSlots(const BlockTable& table, std::span<const SlotMove>
   const int64_t capacity = static_cast<int64_t>(table.blocks.size()) * bs;
   for (const SlotMove& mv : moves) {
     if (mv.src < 0 || mv.dst < 0 || mv.src >= capacity || mv.dst >= capacity) {
-      return Status::Error(StrFormat("MoveSlots: slot %d or %d is outside the table", mv.src,
-                                     mv.dst));
+      return Status::Error(
+          StrFormat("MoveSlots: slot %d or %d is outside the table", mv.src, mv.dst));
     }
   }
   auto physical = [&](int32_t slot) {

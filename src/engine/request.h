@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/ids.h"
+#include "engine/eviction_config.h"
 #include "engine/sampler.h"
 #include "engine/spec/spec_policy.h"
-#include "engine/eviction_config.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {

@@ -250,10 +250,10 @@ Status KvCacheManager::Compact(SeqId seq, int32_t first_rewritten, int32_t n_slo
     return Status::Error(StrFormat("compact: no sequence %lld", (long long)seq.value));
   }
   BlockTable& t = it->second;
-  if (n_slots < 0 || n_slots > t.num_tokens || first_rewritten < 0 ||
-      first_rewritten > n_slots) {
-    return Status::Error(StrFormat("compact: sequence %lld holds %d slots, not %d (rewritten from %d)",
-                                   (long long)seq.value, t.num_tokens, n_slots, first_rewritten));
+  if (n_slots < 0 || n_slots > t.num_tokens || first_rewritten < 0 || first_rewritten > n_slots) {
+    return Status::Error(
+        StrFormat("compact: sequence %lld holds %d slots, not %d (rewritten from %d)",
+                  (long long)seq.value, t.num_tokens, n_slots, first_rewritten));
   }
   const size_t first_block = static_cast<size_t>(first_rewritten / block_size_);
   const size_t kept_blocks = static_cast<size_t>(BlocksFor(n_slots));
