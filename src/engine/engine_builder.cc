@@ -1,6 +1,7 @@
 #include "engine/engine_builder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "core/log.h"
@@ -146,10 +147,14 @@ Expected<std::unique_ptr<EvictionPolicy>> EngineBuilder::EvictionPolicyFor(
     const EvictionConfig& config) {
   if (config.policy != "tri") return MakeEvictionPolicy(config.policy);
   if (tri_ == nullptr) {
-    auto calibration = MeasureTriCalibration(
-        model_, pool_, KeyCalibrationTokens(tokenizer_, model_.config().n_vocab));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t> tokens = KeyCalibrationTokens(tokenizer_, model_.config().n_vocab);
+    auto calibration = MeasureTriCalibration(model_, pool_, tokens);
     if (!calibration.ok()) return calibration.status();
     tri_ = std::move(*calibration);
+    KVS_LOG_INFO("eviction: tri query centres measured on %zu tokens in %.0f ms", tokens.size(),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count());
   }
   return MakeEvictionPolicy(config.policy, tri_);
 }
