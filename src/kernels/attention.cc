@@ -672,9 +672,27 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
 
 void AttentionMass(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
                    const int32_t* n_keys, int n_queries, float* mass) {
+  if (n_queries <= 0) return;
+  // The keys are decoded once (LoadKeys: as the model wrote them) for all the queries; a key
+  // coding's constant offset, which LoadKeys leaves out, shifts a query's scores alike, which
+  // softmax ignores. Then plain float loops the compiler vectorizes.
+  const int32_t hk = shape.head_dim_k, max_keys = MaxKeys(n_keys, n_queries);
+  std::vector<float> keys(static_cast<size_t>(max_keys) * hk), s(max_keys);
+  LoadKeys(kv, hk, max_keys, keys.data());
   for (int i = 0; i < n_queries; ++i) {
-    const std::vector<double> p = SoftmaxReference(shape, kv, q[i], n_keys[i]);
-    for (int32_t j = 0; j < n_keys[i]; ++j) mass[j] += static_cast<float>(p[j]);
+    const int32_t n = n_keys[i];
+    float mx = kNegInf;
+    for (int32_t j = 0; j < n; ++j) {
+      const float* k = keys.data() + static_cast<size_t>(j) * hk;
+      float dot = 0.0f;
+      for (int32_t d = 0; d < hk; ++d) dot += q[i][d] * k[d];
+      s[j] = dot * shape.scale;
+      mx = std::max(mx, s[j]);
+    }
+    double sum = 0.0;
+    for (int32_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int32_t j = 0; j < n; ++j) mass[j] += s[j] * inv;
   }
 }
 

@@ -78,9 +78,9 @@ void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const fl
                      const int32_t* n_keys, int n_queries, float* const* out);
 
 // mass[j] += sum over queries i of softmax_i(j), for j < n_keys[i]: the attention each key
-// receives, what eviction's h2o and snapkv policies score by (kv/eviction_policy.h). Computed
-// in double at scalar speed from the head's key coding (the reference's softmax): a cost paid
-// where a policy asks for it (an observation window at the end of a prefill), not per step.
+// receives, what eviction's h2o and snapkv policies score by (kv/eviction_policy.h). The keys
+// are decoded once (LoadKeys) for all the queries, then scored in float: a second pass over the
+// keys the fused kernel never materialises, paid only for sequences whose policy asks for it.
 void AttentionMass(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
                    const int32_t* n_keys, int n_queries, float* mass);
 
