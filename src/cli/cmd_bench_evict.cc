@@ -84,7 +84,7 @@ Expected<EvictRun> RunOnce(const Model& model, const Tokenizer* tokenizer, Threa
   int32_t finished_this_step = 0, started = 0;
   const int32_t n = static_cast<int32_t>(prompts.size());
   const int32_t full_length = static_cast<int32_t>(prompts[0].size()) + gen_tokens;
-  double last_first = 0, decode_start = -1;
+  double decode_start = -1;
   const auto t0 = Clock::now();
   std::vector<char> has_first(n, 0);
   for (int32_t i = 0; i < n; ++i) {
@@ -98,7 +98,6 @@ Expected<EvictRun> RunOnce(const Model& model, const Tokenizer* tokenizer, Threa
         if (!has_first[i]) {
           has_first[i] = 1;
           ++started;
-          last_first = Since(t0);
         }
       }
       if (e.finished) ++finished_this_step;
@@ -141,7 +140,6 @@ Expected<EvictRun> RunOnce(const Model& model, const Tokenizer* tokenizer, Threa
   r.decode_tps = decode_start >= 0 && r.wall_s > decode_start
                      ? decode_tokens / (r.wall_s - decode_start)
                      : 0.0;
-  (void)last_first;
   return r;
 }
 

@@ -152,9 +152,9 @@ Expected<std::unique_ptr<EvictionPolicy>> EngineBuilder::EvictionPolicyFor(
     auto calibration = MeasureTriCalibration(model_, pool_, tokens);
     if (!calibration.ok()) return calibration.status();
     tri_ = std::move(*calibration);
-    KVS_LOG_INFO("eviction: tri query centres measured on %zu tokens in %.0f ms", tokens.size(),
-                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
+    KVS_LOG_INFO(
+        "eviction: tri query centres measured on %zu tokens in %.0f ms", tokens.size(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return MakeEvictionPolicy(config.policy, tri_);
 }

@@ -68,16 +68,22 @@ int32_t Evictor::Budget(const Sequence& seq, const KvCacheManager& kv) const {
       std::max<int64_t>(seq.kv_budget.For(seq.n_computed, config_.guard), floor), INT32_MAX));
 }
 
+namespace {
+// The RoPE position of each of seq's slots: slot_positions once it has evicted, else 0, 1, ...
+// (*identity holds those).
+std::span<const int32_t> SlotPositions(const Sequence& seq, std::vector<int32_t>* identity) {
+  if (seq.n_evicted > 0) return seq.slot_positions;
+  identity->resize(seq.n_slots());
+  std::iota(identity->begin(), identity->end(), 0);
+  return *identity;
+}
+}  // namespace
+
 Status Evictor::Score(const Sequence& seq, const BlockTable& table, StepRunner& runner,
                       std::span<float> scores) {
   const int32_t n = seq.n_slots();
   std::vector<int32_t> identity;
-  std::span<const int32_t> positions = seq.slot_positions;
-  if (seq.n_evicted == 0) {
-    identity.resize(n);
-    std::iota(identity.begin(), identity.end(), 0);
-    positions = identity;
-  }
+  const std::span<const int32_t> positions = SlotPositions(seq, &identity);
   EvictionInput input;
   input.n_slots = n;
   input.n_positions = seq.n_computed;
@@ -129,13 +135,7 @@ Expected<EvictionOutcome> Evictor::Evict(Sequence* seq, KvCacheManager& kv, Step
   if (!kept.ok()) return kept.status();
   if (static_cast<int32_t>(kept->size()) == n) return out;
   std::vector<int32_t> identity;
-  std::span<const int32_t> positions = seq->slot_positions;
-  if (seq->n_evicted == 0) {
-    identity.resize(n);
-    std::iota(identity.begin(), identity.end(), 0);
-    positions = identity;
-  }
-  auto plan = PlanCompaction(*kept, positions, kv.block_size(), frozen);
+  auto plan = PlanCompaction(*kept, SlotPositions(*seq, &identity), kv.block_size(), frozen);
   if (!plan.ok()) return plan.status();
   KVS_RETURN_IF_ERROR(runner.MoveSlots(table, plan->moves));
   const int32_t first_rewritten = plan->moves.empty() ? plan->n_slots : plan->moves.front().dst;
