@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
 #include "testing/fake_model.h"
+#include "testing/int_lists.h"
 #include "testing/test_models.h"
 
 namespace kvs {
@@ -130,17 +131,6 @@ std::vector<BlockId> Blocks(std::initializer_list<int32_t> ids) {
   std::vector<BlockId> out;
   for (int32_t id : ids) out.push_back(BlockId{id});
   return out;
-}
-
-std::vector<int32_t> Range(int32_t from, int32_t to) {  // [from, to)
-  std::vector<int32_t> out;
-  for (int32_t i = from; i < to; ++i) out.push_back(i);
-  return out;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 EngineConfig FakeConfig(int32_t n_blocks, const std::string& policy, int32_t sink, int32_t window) {

@@ -14,21 +14,14 @@
 
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
+#include "testing/int_lists.h"
 #include "testing/test_models.h"
 
 namespace kvs {
 namespace {
 
-std::vector<int32_t> Range(int32_t from, int32_t to) {  // [from, to)
-  std::vector<int32_t> out;
-  for (int32_t i = from; i < to; ++i) out.push_back(i);
-  return out;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using testing::Concat;
+using testing::Range;
 
 std::shared_ptr<const Model> Load(const std::string& name) {
   const std::string path = testing::TestModelPath(name);

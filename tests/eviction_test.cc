@@ -263,15 +263,21 @@ std::vector<float> StoredRow(const KvLayerView& layer, int64_t slot) {
   return row;
 }
 
+// One layer of 2 KV heads of 64 dims in blocks of 16, keys and values of type t.
+KvGeometry OneLayerGeometry(KvType t) {
+  KvGeometry g;
+  g.n_layer = 1;
+  g.n_head_kv = 2;
+  g.head_dim_k = g.head_dim_v = 64;
+  g.block_size = 16;
+  g.k_type = g.v_type = t;
+  return g;
+}
+
 TEST(MoveKvSlot, KeptRowsReadBackBitForBitForEveryType) {
   for (KvType t : kAllKvTypes) {
     SCOPED_TRACE(std::string(KvTypeName(t)));
-    KvGeometry g;
-    g.n_layer = 1;
-    g.n_head_kv = 2;
-    g.head_dim_k = g.head_dim_v = 64;
-    g.block_size = 16;
-    g.k_type = g.v_type = t;
+    const KvGeometry g = OneLayerGeometry(t);
     KvStorage storage(PlainKvFormat(g), 4);  // blocks 1..3 hold the sequence's 48 slots
     const KvLayerView& layer = storage.layers()[0];
     std::mt19937 rng(7);
@@ -308,12 +314,7 @@ TEST(MoveKvSlot, KeptRowsReadBackBitForBitForEveryType) {
 TEST(LoadKeys, MatchesTheScalarDecoderForEveryType) {
   for (KvType t : kAllKvTypes) {
     SCOPED_TRACE(std::string(KvTypeName(t)));
-    KvGeometry g;
-    g.n_layer = 1;
-    g.n_head_kv = 2;
-    g.head_dim_k = g.head_dim_v = 64;
-    g.block_size = 16;
-    g.k_type = g.v_type = t;
+    const KvGeometry g = OneLayerGeometry(t);
     KvStorage storage(PlainKvFormat(g), 4);
     const KvLayerView& layer = storage.layers()[0];
     std::mt19937 rng(11);
@@ -347,12 +348,7 @@ TEST(LoadKeys, MatchesTheScalarDecoderForEveryType) {
 TEST(MoveKvSlots, RunsEqualSlotBySlotMovesByteForByte) {
   for (KvType t : kAllKvTypes) {
     SCOPED_TRACE(std::string(KvTypeName(t)));
-    KvGeometry g;
-    g.n_layer = 1;
-    g.n_head_kv = 2;
-    g.head_dim_k = g.head_dim_v = 64;
-    g.block_size = 16;
-    g.k_type = g.v_type = t;
+    const KvGeometry g = OneLayerGeometry(t);
     KvStorage by_slot(PlainKvFormat(g), 6), by_run(PlainKvFormat(g), 6);
     std::mt19937 rng(5);
     std::normal_distribution<float> dist(0.0f, 1.0f);
