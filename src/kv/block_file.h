@@ -1,0 +1,81 @@
+// The on-disk format of one KV block (issue #20's disk tier, and later tiers that store the same
+// bytes): a versioned header that names everything the block's bytes depend on, the payload
+// (the block's K/V bytes of every layer, raw or compressed), and an XXH3-64 checksum over both.
+// A reader loads a block only if the checksum holds, the header parses, and its identity (model,
+// KV format, types, geometry) and hash are the ones it asked for; anything else is a miss,
+// never data. Files are written to a temporary name, fsync'd and renamed, so a crash leaves
+// either the old state or the whole new file.
+//
+//   magic "KVSBLOCK" | version u32 | header bytes u32 | identity | codec u8 | 3 zero bytes |
+//   hash 16 | parent 16 | n_tokens u32 | tokens i32[n_tokens] | raw bytes u64 | stored bytes u64 |
+//   payload [stored bytes] | xxh3-64 of everything before it, u64
+// All integers little-endian.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kvs {
+
+inline constexpr uint32_t kBlockFileVersion = 1;
+// Largest block file a reader accepts (a block of 1,024 positions of a large model in f32 is
+// well under this): a bound on what a corrupt length field can make it allocate.
+inline constexpr uint64_t kMaxBlockFileBytes = uint64_t{1} << 30;
+
+// How the payload is stored. Ids from 2 up are for transform codecs (a later issue).
+enum class BlockCodec : uint8_t { kRaw = 0, kZstd = 1 };
+const char* BlockCodecName(BlockCodec codec);
+
+// What a stored block's bytes depend on: a block is loaded only into a pool whose identity
+// equals the one it was written with.
+struct BlockIdentity {
+  BlockHash model;      // the weights' digest
+  BlockHash kv_format;  // the KV format's fingerprint (types, calibration, RoPE, version)
+  uint8_t k_type = 0, v_type = 0;
+  int32_t block_size = 0;
+  int32_t n_layer = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
+  bool operator==(const BlockIdentity&) const = default;
+};
+
+struct BlockFileHeader {
+  BlockIdentity identity;
+  BlockHash hash;    // the block's chain hash (its key in the store)
+  BlockHash parent;  // the chain hash of the block before it (zero for the first)
+  BlockCodec codec = BlockCodec::kRaw;
+  std::vector<int32_t> tokens;  // [block_size] the block's token ids
+};
+
+struct DecodedBlock {
+  BlockFileHeader header;
+  std::vector<uint8_t> payload;  // the block's K/V bytes, decompressed
+};
+
+// The file's bytes: header, the payload stored with header.codec (zstd at zstd_level), checksum.
+Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
+                                               std::span<const uint8_t> payload,
+                                               int zstd_level = 3);
+
+// Checks and decodes a file's bytes. An error (naming what failed: truncated, checksum,
+// version, identity, hash, payload size, codec) for anything but the expected block: the
+// caller counts it as corrupt and recomputes.
+Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
+                                       const BlockIdentity& expected_identity,
+                                       const BlockHash& expected_hash);
+
+// Writes bytes to dir/name through a temporary file in dir: written, fsync'd, renamed over
+// name, and the directory fsync'd. On any error the temporary file is removed and name is
+// untouched.
+Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                           std::span<const uint8_t> bytes);
+
+// The bytes of a regular file of at most max_bytes (a directory, a device, a larger file or an
+// unreadable one is an error).
+Expected<std::vector<uint8_t>> ReadBlockFileBytes(const std::string& path,
+                                                  uint64_t max_bytes = kMaxBlockFileBytes);
+
+}  // namespace kvs
