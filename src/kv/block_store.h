@@ -1,0 +1,82 @@
+// Where KV blocks live below the RAM pool (issue #20's disk tier; later a Redis tier): a store of
+// block files (kv/block_file.h) keyed by the block's chain hash. Small on purpose: contains, put,
+// get, erase. A store keeps bytes; checking them (checksum, identity) is the reader's job
+// (DecodeBlockFile), so every tier is checked the same way.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kvs {
+
+class BlockStore {
+ public:
+  virtual ~BlockStore() = default;
+  virtual std::string_view name() const = 0;
+  virtual bool Contains(const BlockHash& hash) const = 0;
+  // Stores a block file's bytes under hash (replacing what was there).
+  virtual Status Put(const BlockHash& hash, std::span<const uint8_t> file) = 0;
+  // The stored bytes; an error when absent or unreadable.
+  virtual Expected<std::vector<uint8_t>> Get(const BlockHash& hash) = 0;
+  virtual void Erase(const BlockHash& hash) = 0;
+};
+
+// 32 hex digits (hi then lo), the name of a block's file: "<hex>.kvb".
+std::string BlockHashHex(const BlockHash& hash);
+bool ParseBlockHashHex(std::string_view hex, BlockHash* hash);
+
+// A directory of block files, one per hash, LRU by size within capacity_bytes. Open() rebuilds
+// the index from the directory (a restart finds what was stored) and removes temporary files a
+// crash left. Thread-safe: the engine looks blocks up while an I/O thread writes them.
+class DiskBlockStore final : public BlockStore {
+ public:
+  // progress(files_seen): called every 4,096 files while Open scans a large store.
+  static Expected<std::unique_ptr<DiskBlockStore>> Open(
+      const std::string& dir, uint64_t capacity_bytes,
+      const std::function<void(int64_t)>& progress = nullptr);
+
+  std::string_view name() const override { return "disk"; }
+  bool Contains(const BlockHash& hash) const override;
+  Status Put(const BlockHash& hash, std::span<const uint8_t> file) override;
+  Expected<std::vector<uint8_t>> Get(const BlockHash& hash) override;
+  void Erase(const BlockHash& hash) override;
+
+  // Pinned blocks are never evicted by LRU (KV documents); they still count against capacity.
+  void Pin(const BlockHash& hash, bool pinned);
+  uint64_t usage_bytes() const;
+  int64_t num_blocks() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  struct Entry {
+    uint64_t bytes = 0;
+    bool pinned = false;
+    std::list<BlockHash>::iterator lru;  // position in lru_ (front: least recently used)
+  };
+  DiskBlockStore(std::string dir, uint64_t capacity) : dir_(std::move(dir)), capacity_(capacity) {}
+  std::string PathOf(const BlockHash& hash) const;
+  void Touch(Entry& e, const BlockHash& hash);
+  void EraseLocked(const BlockHash& hash);
+  // Removes least recently used unpinned blocks until `incoming` more bytes fit.
+  void MakeRoomLocked(uint64_t incoming);
+
+  const std::string dir_;
+  const uint64_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
+  std::list<BlockHash> lru_;
+  uint64_t usage_ = 0;
+};
+
+}  // namespace kvs
