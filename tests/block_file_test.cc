@@ -3,6 +3,9 @@
 // geometry or hash, an empty file and a directory are errors.
 #include "kv/block_file.h"
 
+#include "kernels/kv_layer.h"
+#include "kv/kv_storage.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -147,6 +150,55 @@ TEST(BlockFile, EmptyFilesDirectoriesAndMissingPathsAreErrors) {
   ASSERT_TRUE(WriteFileAtomically(dir.path(), "big", *bytes).ok());
   EXPECT_FALSE(ReadBlockFileBytes(dir.path() + "/big", 999).ok()) << "over the size bound";
   EXPECT_FALSE(WriteFileAtomically(dir.path() + "/missing-dir", "x", *bytes).ok());
+}
+
+// A pool block's bytes go through the file and into another pool of the same format, every
+// layer's K and V byte for byte, for every KV type; the identity names the format.
+TEST(BlockFile, APoolBlockRoundTripsThroughAFileIntoAnotherPool) {
+  for (KvType t : kAllKvTypes) {
+    SCOPED_TRACE(std::string(KvTypeName(t)));
+    KvGeometry g;
+    g.n_layer = 3;
+    g.n_head_kv = 2;
+    g.head_dim_k = g.head_dim_v = 64;
+    g.block_size = 32;
+    g.k_type = g.v_type = t;
+    const KvFormatPtr format = PlainKvFormat(g);
+    KvStorage src(format, 5), dst(format, 7);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> k(128), v(128);
+    for (const KvLayerView& layer : src.layers()) {
+      for (int64_t slot = 3 * 32; slot < 4 * 32; ++slot) {  // pool block 3
+        for (float& x : k) x = dist(rng);
+        for (float& x : v) x = dist(rng);
+        WriteKv(layer, slot, static_cast<int32_t>(slot), k.data(), v.data());
+      }
+    }
+    std::vector<uint8_t> payload;
+    ASSERT_TRUE(src.ReadBlock(3, &payload).ok());
+    ASSERT_EQ(payload.size(), g.BytesPerBlock());
+    BlockFileHeader h = Header(BlockCodec::kZstd);
+    h.identity = MakeBlockIdentity(Digest128{5, 6}, *format);
+    h.tokens.assign(32, 7);
+    auto file = EncodeBlockFile(h, payload);
+    ASSERT_TRUE(file.ok());
+    auto decoded = DecodeBlockFile(*file, h.identity, h.hash);
+    ASSERT_TRUE(decoded.ok()) << decoded.error();
+    ASSERT_TRUE(dst.WriteBlock(6, decoded->payload).ok());
+    std::vector<uint8_t> back;
+    ASSERT_TRUE(dst.ReadBlock(6, &back).ok());
+    EXPECT_EQ(back, payload);
+    EXPECT_FALSE(dst.WriteBlock(7, decoded->payload).ok()) << "out of the pool";
+    EXPECT_FALSE(dst.WriteBlock(0, decoded->payload).ok()) << "the null block";
+    EXPECT_FALSE(dst.WriteBlock(2, std::span(decoded->payload).first(10)).ok()) << "short";
+    // Another KV type's pool has another identity: its file is refused.
+    KvGeometry other = g;
+    other.v_type = t == KvType::kF16 ? KvType::kF32 : KvType::kF16;
+    EXPECT_FALSE(
+        DecodeBlockFile(*file, MakeBlockIdentity(Digest128{5, 6}, *PlainKvFormat(other)), h.hash)
+            .ok());
+  }
 }
 
 }  // namespace

@@ -81,6 +81,21 @@ bool ReadIdentity(Reader& r, BlockIdentity* id) {
 
 }  // namespace
 
+BlockIdentity MakeBlockIdentity(const Digest128& weights, const KvFormat& format) {
+  const KvGeometry& g = format.geometry();
+  BlockIdentity id;
+  id.model = {weights.lo, weights.hi};
+  id.kv_format = {format.fingerprint().lo, format.fingerprint().hi};
+  id.k_type = static_cast<uint8_t>(g.k_type);
+  id.v_type = static_cast<uint8_t>(g.v_type);
+  id.block_size = g.block_size;
+  id.n_layer = g.n_layer;
+  id.n_head_kv = g.n_head_kv;
+  id.head_dim_k = g.head_dim_k;
+  id.head_dim_v = g.head_dim_v;
+  return id;
+}
+
 const char* BlockCodecName(BlockCodec codec) {
   switch (codec) {
     case BlockCodec::kRaw:

@@ -17,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "core/digest.h"
 #include "core/status.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/kv_format.h"
 
 namespace kvs {
 
@@ -41,6 +43,9 @@ struct BlockIdentity {
   int32_t n_layer = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
   bool operator==(const BlockIdentity&) const = default;
 };
+
+// The identity of the blocks of a pool in this format, for a model with these weights.
+BlockIdentity MakeBlockIdentity(const Digest128& weights, const KvFormat& format);
 
 struct BlockFileHeader {
   BlockIdentity identity;

@@ -1,6 +1,7 @@
 #include "kv/kv_storage.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "core/check.h"
@@ -37,6 +38,41 @@ KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
     layers_.push_back(layer);
     p += k_bytes + v_bytes;
   }
+}
+
+Status KvStorage::ReadBlock(int32_t block, std::vector<uint8_t>* out) const {
+  if (block < 1 || block >= n_blocks_) {
+    return Status::Error(StrFormat("KV block %d is not in the pool (1..%d)", block, n_blocks_ - 1));
+  }
+  const size_t m = static_cast<size_t>(kernel_blocks_per_block());
+  out->clear();
+  out->reserve(geometry().BytesPerBlock());
+  for (const KvLayerView& layer : layers_) {
+    const uint8_t* k = layer.k + block * m * layer.k_block_stride();
+    const uint8_t* v = layer.v + block * m * layer.v_block_stride();
+    out->insert(out->end(), k, k + m * layer.k_block_stride());
+    out->insert(out->end(), v, v + m * layer.v_block_stride());
+  }
+  return Status::Ok();
+}
+
+Status KvStorage::WriteBlock(int32_t block, std::span<const uint8_t> bytes) {
+  if (block < 1 || block >= n_blocks_) {
+    return Status::Error(StrFormat("KV block %d is not in the pool (1..%d)", block, n_blocks_ - 1));
+  }
+  if (bytes.size() != geometry().BytesPerBlock()) {
+    return Status::Error(StrFormat("a KV block of this format has %zu bytes, not %zu",
+                                   geometry().BytesPerBlock(), bytes.size()));
+  }
+  const size_t m = static_cast<size_t>(kernel_blocks_per_block());
+  size_t at = 0;
+  for (const KvLayerView& layer : layers_) {
+    const size_t kb = m * layer.k_block_stride(), vb = m * layer.v_block_stride();
+    std::memcpy(layer.k + block * m * layer.k_block_stride(), bytes.data() + at, kb);
+    std::memcpy(layer.v + block * m * layer.v_block_stride(), bytes.data() + at + kb, vb);
+    at += kb + vb;
+  }
+  return Status::Ok();
 }
 
 void KvStorage::ReservePositions(int32_t n_positions) {

@@ -6,7 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "core/status.h"
 
 #include "core/aligned.h"
 #include "kernels/kv_layer.h"
@@ -32,6 +35,12 @@ class KvStorage {
   // (KvFormat::NeedsRopeTable; a no-op otherwise). It grows by doubling and is shared by every
   // layer's view; call it before a forward pass, never during one.
   void ReservePositions(int32_t n_positions);
+
+  // A pool block's bytes, every layer's K then V (geometry().BytesPerBlock() in all): what a
+  // lower tier stores (kv/block_file.h), and writes them back into a block of a storage of the
+  // same format. Errors: a block out of range, a byte count that is not one block's.
+  Status ReadBlock(int32_t block, std::vector<uint8_t>* out) const;
+  Status WriteBlock(int32_t block, std::span<const uint8_t> bytes);
 
  private:
   KvFormatPtr format_;
