@@ -1,0 +1,88 @@
+#include "kv/block_writer.h"
+
+#include <chrono>
+
+#include "core/log.h"
+
+namespace kvs {
+
+BlockWriter::BlockWriter(BlockStore& store, int32_t max_queued)
+    : store_(store), max_queued_(static_cast<size_t>(std::max(max_queued, 1))) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+BlockWriter::~BlockWriter() {
+  Flush(-1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  thread_.join();
+}
+
+bool BlockWriter::Offer(const BlockHash& hash, std::vector<uint8_t> file) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stats_.failed || queue_.size() >= max_queued_) {
+      ++stats_.dropped;
+      return false;
+    }
+    queue_.push_back({hash, std::move(file)});
+  }
+  work_.notify_one();
+  return true;
+}
+
+bool BlockWriter::Flush(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto drained = [&] { return (queue_.empty() && !busy_) || stats_.failed; };
+  if (timeout_ms < 0) {
+    idle_.wait(lock, drained);
+  } else {
+    idle_.wait_for(lock, std::chrono::milliseconds(timeout_ms), drained);
+  }
+  return queue_.empty() && !busy_;
+}
+
+BlockWriterStats BlockWriter::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::string BlockWriter::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void BlockWriter::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_, nothing left
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    const Status st = store_.Put(job.hash, job.file);
+    lock.lock();
+    busy_ = false;
+    if (st.ok()) {
+      ++stats_.written;
+      stats_.bytes_written += static_cast<int64_t>(job.file.size());
+    } else {
+      ++stats_.errors;
+      if (!stats_.failed) {
+        // One line, once: the tier is off from here on; what is queued is dropped.
+        stats_.failed = true;
+        failure_ = st.message();
+        stats_.dropped += static_cast<int64_t>(queue_.size());
+        queue_.clear();
+        KVS_LOG_WARN("kv disk tier off: %s (serving continues without it)", failure_.c_str());
+      }
+    }
+    if (queue_.empty()) idle_.notify_all();
+  }
+}
+
+}  // namespace kvs
