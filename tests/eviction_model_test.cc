@@ -24,11 +24,7 @@ using testing::Concat;
 using testing::Range;
 
 std::shared_ptr<const Model> Load(const std::string& name) {
-  const std::string path = testing::TestModelPath(name);
-  if (path.empty()) return nullptr;
-  auto m = Model::Load(path);
-  EXPECT_TRUE(m.ok()) << m.error();
-  return m.ok() ? std::shared_ptr<const Model>(std::move(*m)) : nullptr;
+  return testing::LoadTestModel(name);
 }
 
 // Prompts of about 100 tokens (6 of them), each different from its second token on.

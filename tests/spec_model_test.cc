@@ -97,11 +97,7 @@ Outcome Serve(const Model& model, const SpecOptions& spec, const Scenario& s, in
 }
 
 std::shared_ptr<const Model> Load(const std::string& name) {
-  const std::string path = testing::TestModelPath(name);
-  if (path.empty()) return nullptr;
-  auto m = Model::Load(path);
-  EXPECT_TRUE(m.ok()) << m.error();
-  return m.ok() ? std::shared_ptr<const Model>(std::move(*m)) : nullptr;
+  return testing::LoadTestModel(name);
 }
 
 const char* const kScenarios[] = {"batched",    "alone",        "chunked prefill",

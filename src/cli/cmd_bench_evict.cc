@@ -158,16 +158,10 @@ int RunEvict(EvictArgs a) {
     return 1;
   }
   a.eviction.budget = *budget;
-  auto model = Model::Load(path, {.check_tensors = a.model_options.check_tensors});
-  if (!model) {
-    std::fprintf(stderr, "error: %s\n", model.error().c_str());
-    return 1;
-  }
-  auto tok = Tokenizer::FromGguf((*model)->file());
-  if (!tok) {
-    std::fprintf(stderr, "error: %s: %s\n", path.c_str(), tok.error().c_str());
-    return 1;
-  }
+  LoadedModel loaded;
+  if (!LoadModelWithTokenizer(path, a.model_options.check_tensors, &loaded)) return 1;
+  const Model& model = *loaded.model;
+  const Tokenizer* tok = loaded.tokenizer.get();
   KvFormatOptions kv;
   for (auto [name, type] :
        {std::pair{&a.cache_type_k, &kv.types.k}, std::pair{&a.cache_type_v, &kv.types.v}}) {
@@ -185,7 +179,7 @@ int RunEvict(EvictArgs a) {
   cfg.max_batch_tokens = a.max_batch_tokens;
   cfg.block_size = 16;
   cfg.eviction = a.eviction;
-  const KvGeometry geometry = ModelKvGeometry((*model)->config(), cfg.block_size, kv.types);
+  const KvGeometry geometry = ModelKvGeometry(model.config(), cfg.block_size, kv.types);
   if (Status st = geometry.Validate(); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.message().c_str());
     return 1;
@@ -216,7 +210,7 @@ int RunEvict(EvictArgs a) {
     return 1;
   }
   std::mt19937_64 rng(a.seed);
-  std::uniform_int_distribution<int32_t> token(3, (*model)->config().n_vocab - 1);
+  std::uniform_int_distribution<int32_t> token(3, model.config().n_vocab - 1);
   std::vector<std::vector<int32_t>> prompts(a.requests, std::vector<int32_t>(a.prompt_tokens));
   for (auto& p : prompts) {
     for (int32_t& t : p) t = token(rng);
@@ -232,7 +226,7 @@ int RunEvict(EvictArgs a) {
                  static_cast<double>(usable) * block_bytes / (1 << 20),
                  a.eviction.budget.ToString().c_str(), a.eviction.policy.c_str());
   }
-  auto evict = RunOnce(**model, tok->get(), pool, cfg, kv, prompts, a.gen_tokens, a.json, "evict");
+  auto evict = RunOnce(model, tok, pool, cfg, kv, prompts, a.gen_tokens, a.json, "evict");
   if (!evict.ok()) {
     std::fprintf(stderr, "error: %s\n", evict.error().c_str());
     return 1;
@@ -261,8 +255,7 @@ int RunEvict(EvictArgs a) {
   if (!a.skip_baseline) {
     EngineConfig base = cfg;
     base.eviction.budget = KvBudget{};
-    auto plain =
-        RunOnce(**model, tok->get(), pool, base, kv, prompts, a.gen_tokens, a.json, "no evict");
+    auto plain = RunOnce(model, tok, pool, base, kv, prompts, a.gen_tokens, a.json, "no evict");
     if (!plain.ok()) {
       std::fprintf(stderr, "error: %s\n", plain.error().c_str());
       return 1;

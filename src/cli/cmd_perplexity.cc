@@ -104,37 +104,30 @@ Runner AddPerplexityCommand(CLI::App& root) {
     if (!ResolveModelPath(path)) return 1;
     std::string text;
     if (!ReadTextFile(a->file, &text)) return 1;
-    auto model = Model::Load(path, {.check_tensors = a->model_options.check_tensors});
-    if (!model) {
-      std::fprintf(stderr, "error: %s\n", model.error().c_str());
-      return 1;
-    }
-    auto tok = Tokenizer::FromGguf((*model)->file());
-    if (!tok) {
-      std::fprintf(stderr, "error: %s: %s\n", path.c_str(), tok.error().c_str());
-      return 1;
-    }
-    std::vector<int32_t> ids = (*tok)->Encode(text, /*add_special=*/true, /*parse_special=*/false);
+    LoadedModel loaded;
+    if (!LoadModelWithTokenizer(path, a->model_options.check_tensors, &loaded)) return 1;
+    const Model& model = *loaded.model;
+    const Tokenizer& tok = *loaded.tokenizer;
+    std::vector<int32_t> ids = tok.Encode(text, /*add_special=*/true, /*parse_special=*/false);
     if (a->max_chunks > 0 &&
         static_cast<int64_t>(ids.size()) > static_cast<int64_t>(a->max_chunks) * a->n_ctx) {
       ids.resize(static_cast<size_t>(a->max_chunks) * a->n_ctx);
     }
     ThreadPool pool(ThreadPool::ResolveThreadCount(a->threads));
-    const int32_t bos = (*tok)->add_bos() ? (*tok)->bos_id() : -1;
+    const int32_t bos = tok.add_bos() ? tok.bos_id() : -1;
     options.n_ctx = a->n_ctx;
     options.bos_id = bos;
     options.kl_base = a->kl_base;
-    options.tokenizer = (*tok).get();
+    options.tokenizer = &tok;
     if (!a->kv_calibration.empty()) {
-      if (Status st = UseCalibrationFile(a->kv_calibration, **tok, &options.kv); !st.ok()) {
+      if (Status st = UseCalibrationFile(a->kv_calibration, tok, &options.kv); !st.ok()) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
         return 1;
       }
     } else if (KvTypeIsQuantized(options.kv.types.k)) {
-      options.kv.calibration_tokens =
-          KeyCalibrationTokens((*tok).get(), (*model)->config().n_vocab);
+      options.kv.calibration_tokens = KeyCalibrationTokens(&tok, model.config().n_vocab);
     }
-    auto r = ComputePerplexity(**model, ids, options, pool, [&](int32_t i, double ppl) {
+    auto r = ComputePerplexity(model, ids, options, pool, [&](int32_t i, double ppl) {
       if (!a->json) std::fprintf(stderr, "[%d] %.4f\n", i + 1, ppl);
     });
     if (!r) {
@@ -146,7 +139,7 @@ Runner AddPerplexityCommand(CLI::App& root) {
           {"ppl", r->ppl},           {"nll", r->nll},           {"nll_stderr", r->nll_stddev},
           {"n_tokens", r->n_tokens}, {"n_chunks", r->n_chunks}, {"n_scored", r->n_scored},
           {"n_ctx", a->n_ctx},       {"seconds", r->seconds}};
-      const ModelConfig& c = (*model)->config();
+      const ModelConfig& c = model.config();
       j["cache_type_k"] = a->cache_type_k;
       j["cache_type_v"] = a->cache_type_v;
       j["bits_k"] = KvBitsPerElement(options.kv.types.k, c.head_dim_k);

@@ -4,9 +4,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvs::cli {
 
@@ -46,6 +50,15 @@ inline constexpr const char* kKvCalibrationHelp =
 // -t's help; the count goes through ThreadPool::ResolveThreadCount, which clamps it.
 inline constexpr const char* kThreadsHelp =
     "Threads (more than the CPU threads this process may use are clamped, with a warning)";
+
+// A model and its tokenizer, loaded from one GGUF.
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+// Loads both (--check-tensors as asked); false, with a one-line "error: ..." on stderr, when
+// either fails.
+bool LoadModelWithTokenizer(const std::string& path, bool check_tensors, LoadedModel* out);
 
 // Reads a -f file under kMaxInputFileBytes (kvs::ReadTextFile); false, with a one-line
 // "error: ..." on stderr, for anything else (a directory, a device, a FIFO, a bigger file).

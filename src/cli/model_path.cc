@@ -43,4 +43,20 @@ bool ReadTextFile(const std::string& path, std::string* out) {
   return true;
 }
 
+bool LoadModelWithTokenizer(const std::string& path, bool check_tensors, LoadedModel* out) {
+  auto model = Model::Load(path, {.check_tensors = check_tensors});
+  if (!model) {
+    std::fprintf(stderr, "error: %s\n", model.error().c_str());
+    return false;
+  }
+  auto tok = Tokenizer::FromGguf((*model)->file());
+  if (!tok) {
+    std::fprintf(stderr, "error: %s: %s\n", path.c_str(), tok.error().c_str());
+    return false;
+  }
+  out->model = std::move(*model);
+  out->tokenizer = std::move(*tok);
+  return true;
+}
+
 }  // namespace kvs::cli

@@ -1,7 +1,10 @@
 // Locates the shared test models (KVSERVE_TEST_MODELS, default ../shared/models).
 #pragma once
 
+#include <memory>
 #include <string>
+
+#include "model/weights.h"
 
 namespace kvs::testing {
 
@@ -9,6 +12,9 @@ namespace kvs::testing {
 std::string TestModelsDir();
 // Full path of `relative` under that directory, or "" when the file is absent.
 std::string TestModelPath(const std::string& relative);
+// The model at TestModelPath(relative), shared; null when absent (the caller skips) or when it
+// does not load (a test failure).
+std::shared_ptr<const Model> LoadTestModel(const std::string& relative);
 
 }  // namespace kvs::testing
 
