@@ -117,13 +117,26 @@ TEST(BlockWriter, AFailingStoreTurnsTheTierOffOnce) {
   EXPECT_EQ(store.size(), 0u);
 }
 
-TEST(BlockWriter, DestructionWritesWhatIsQueued) {
+TEST(BlockWriter, DestructionFinishesTheWriteInProgressOnly) {
+  // Flushed first, everything is written; destroyed at once, the write in progress completes
+  // (no torn block) and what is queued may be dropped: the caller bounds the wait with Flush.
   GatedStore store;
   {
     BlockWriter writer(store, 16);
     for (uint64_t i = 1; i <= 10; ++i) ASSERT_TRUE(writer.Offer(BlockHash{i, 0}, {9}));
+    ASSERT_TRUE(writer.Flush(-1));
   }
   EXPECT_EQ(store.size(), 10u);
+  GatedStore gated;
+  gated.SetOpen(false);
+  {
+    BlockWriter writer(gated, 16);
+    for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(writer.Offer(BlockHash{i, 0}, {9}));
+    gated.WaitEntered(1);  // block 1 is being written
+    gated.SetOpen(true);
+  }
+  EXPECT_TRUE(gated.Contains(BlockHash{1, 0}));
+  EXPECT_LE(gated.size(), 3u);
 }
 
 }  // namespace

@@ -101,6 +101,13 @@ struct EngineOptions {
   int32_t kv_window = 32;
   std::string evict_policy = "streaming";
   int32_t evict_every = 0;  // decode steps between evictions (0: once a block past the budget)
+
+  // Disk tier under the prefix cache (--kv-disk DIR): computed blocks are kept in DIR, keyed by
+  // their chain hash, and loaded instead of recomputed (across restarts too). "": off.
+  std::string kv_disk;
+  int64_t kv_disk_size = 0;                      // bytes; 0: 20G or the free space, if less
+  std::string kv_disk_policy = "write-through";  // or "write-back"
+  std::string kv_disk_codec = "raw";             // or "zstd"
 };
 
 struct GenerationOptions {
@@ -141,6 +148,7 @@ struct TokenEvent {
   };
   std::vector<Alternative> top_logprobs;
   int32_t cached_tokens = 0;  // prompt tokens of this request served from the prefix cache
+  int32_t disk_tokens = 0;    // of those, loaded from the disk tier (--kv-disk) for it
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -163,6 +171,30 @@ struct EngineStats {
   int64_t evicted_tokens = 0;              // positions dropped
   int64_t compactions = 0;                 // evictions that dropped any
   int64_t blocks_freed_by_compaction = 0;  // whole blocks they returned to the pool
+  // Disk tier (--kv-disk), totals in blocks and bytes.
+  bool kv_disk = false;         // a tier is configured
+  bool kv_disk_failed = false;  // it turned itself off (full, read-only or vanished directory)
+  int64_t kv_disk_hits = 0;     // blocks loaded from disk
+  int64_t kv_disk_misses = 0;   // blocks past the RAM prefix cache that the disk lacked too
+  int64_t kv_disk_corrupt = 0;  // stored blocks that failed a check (never loaded; removed)
+  int64_t kv_disk_bytes_read = 0;
+  int64_t kv_disk_bytes_written = 0;
+  int64_t kv_disk_payload_bytes_written = 0;  // the KV bytes in them (the codec's ratio)
+  int64_t kv_disk_dropped = 0;  // blocks not written (write queue full, or the tier off)
+  int64_t kv_disk_usage_bytes = 0;
+  int64_t kv_disk_capacity_bytes = 0;
+  int64_t kv_disk_blocks = 0;
+};
+
+// A named prompt prefix kept on the disk tier (POST /v1/kv/documents, `kvserve kv save`).
+struct KvDocumentInfo {
+  std::string name;
+  std::string status;  // "ready", or "saving" while it is prefilled and written
+  int32_t tokens = 0;
+  int32_t blocks = 0;          // full blocks (the tail of fewer tokens is not kept)
+  int32_t blocks_on_disk = 0;  // of those, in the store now
+  int64_t created = 0;         // unix seconds
+  std::string model;           // weights digest
 };
 
 class Engine {
@@ -183,6 +215,19 @@ class Engine {
   // fingerprint alone (32 hex digits).
   std::string kv_format() const;
   std::string kv_format_fingerprint() const;
+
+  // Drops the prefix cache's unused blocks from RAM (vLLM's /reset_prefix_cache; under
+  // write-back they are written to the disk tier first). Returns how many were dropped.
+  int32_t ResetPrefixCache();
+  // KV documents (need --kv-disk). Save prefills tokens (salted like a request), waits until
+  // its full blocks are on disk and pins them; progress(blocks on disk, blocks) is called as
+  // they arrive. False with *error on a bad name, a name being saved, a tier that failed.
+  bool SaveKvDocument(const std::string& name, std::vector<int32_t> tokens,
+                      const std::string& cache_salt, KvDocumentInfo* out, std::string* error,
+                      const std::function<void(int32_t, int32_t)>& progress = nullptr);
+  std::vector<KvDocumentInfo> ListKvDocuments() const;
+  bool GetKvDocument(const std::string& name, KvDocumentInfo* out, std::string* error) const;
+  bool RemoveKvDocument(const std::string& name, std::string* error);
 
   struct Impl;
 

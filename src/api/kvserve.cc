@@ -12,15 +12,11 @@
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
+#include "api/engine_impl.h"
 #include "model/compressed_view.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvserve {
-
-struct Model::Impl {
-  std::unique_ptr<kvs::Model> model;
-  std::unique_ptr<kvs::Tokenizer> tokenizer;
-};
 
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
@@ -103,7 +99,6 @@ double Model::kv_bytes_per_token(const std::string& cache_type_k,
   return g ? g->BytesPerToken() : -1.0;
 }
 
-namespace {
 
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Digest128& weights,
                                      const kvs::KvFormat& format,
@@ -131,16 +126,6 @@ kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Dige
   return r;
 }
 
-}  // namespace
-
-struct Engine::Impl {
-  std::shared_ptr<const Model> model;
-  EngineOptions options;
-  std::unique_ptr<kvs::ThreadPool> pool;
-  kvs::KvFormatPtr kv_format;
-  std::vector<int32_t> end_of_generation;  // the model's end-of-generation tokens, found once
-  std::unique_ptr<kvs::AsyncEngine> engine;
-};
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
@@ -253,6 +238,26 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
         "position, and a sequence that evicted holds fewer slots than positions";
     return nullptr;
   }
+  if (!o.kv_disk.empty()) {
+    ec.kv_disk.dir = o.kv_disk;
+    if (o.kv_disk_size < 0) {
+      *error = "--kv-disk-size must not be negative";
+      return nullptr;
+    }
+    ec.kv_disk.capacity_bytes = static_cast<uint64_t>(o.kv_disk_size);
+    auto policy = kvs::ParseKvDiskPolicy(o.kv_disk_policy);
+    auto codec = kvs::ParseBlockCodec(o.kv_disk_codec);
+    if (!policy.ok() || !codec.ok()) {
+      *error = !policy.ok() ? policy.error() : codec.error();
+      return nullptr;
+    }
+    ec.kv_disk.policy = *policy;
+    ec.kv_disk.codec = *codec;
+    if (!o.prefix_cache || o.reserve_full_context) {
+      *error = "--kv-disk keeps the prefix cache's blocks: it cannot go with --no-prefix-cache";
+      return nullptr;
+    }
+  }
   if (auto st = ec.Validate(); !st.ok()) {
     *error = st.message();
     return nullptr;
@@ -292,6 +297,15 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
       return nullptr;
     }
     impl->engine = std::move(*engine);
+    if (kvs::KvTier* tier = impl->engine->tier()) {
+      auto documents = kvs::KvDocuments::Open(o.kv_disk);
+      if (!documents.ok()) {
+        *error = documents.error();
+        return nullptr;
+      }
+      impl->documents = std::move(*documents);
+      for (const kvs::BlockHash& h : impl->documents->PinnedBlocks()) tier->store().Pin(h, true);
+    }
   } catch (const std::bad_alloc&) {
     *error = kvs::StrFormat("cannot allocate the KV cache (%.2f GiB): lower --kv-memory or -np",
                             o.kv_memory_bytes / double(1 << 30));
@@ -316,6 +330,7 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     out.error = e.error;
     out.logprob = e.logprob;
     out.cached_tokens = e.cached_tokens;
+    out.disk_tokens = e.disk_tokens;
     for (const kvs::TokenLogprob& alt : e.top_logprobs) {
       out.top_logprobs.push_back({alt.token, tok->TokenToPiece(alt.token, true), alt.logprob});
     }
@@ -368,6 +383,21 @@ EngineStats Engine::stats() const {
   s.evicted_tokens = load.evicted_tokens;
   s.compactions = load.compactions;
   s.blocks_freed_by_compaction = load.blocks_freed_by_compaction;
+  if (const kvs::KvTier* tier = impl_->engine->tier()) {
+    const kvs::KvTierStats t = tier->stats();
+    s.kv_disk = true;
+    s.kv_disk_failed = t.failed;
+    s.kv_disk_hits = t.hits;
+    s.kv_disk_misses = t.misses;
+    s.kv_disk_corrupt = t.corrupt;
+    s.kv_disk_bytes_read = t.bytes_read;
+    s.kv_disk_bytes_written = t.bytes_written;
+    s.kv_disk_payload_bytes_written = t.payload_bytes_written;
+    s.kv_disk_dropped = t.dropped;
+    s.kv_disk_usage_bytes = t.usage_bytes;
+    s.kv_disk_capacity_bytes = static_cast<int64_t>(tier->config().capacity_bytes);
+    s.kv_disk_blocks = t.blocks_stored;
+  }
   return s;
 }
 

@@ -22,6 +22,8 @@ Runner AddInspectCommand(CLI::App& root);
 Runner AddPerplexityCommand(CLI::App& root);
 Runner AddBenchCommand(CLI::App& root);
 Runner AddServeCommand(CLI::App& root);
+// `kv save|ls|rm`: KV documents on a disk tier directory.
+Runner AddKvCommand(CLI::App& root);
 // `bench memory` and `bench throughput`; the runner returns -1 when neither was chosen.
 Runner AddEngineBenchCommands(CLI::App* bench);
 // `bench spec`, speculative against plain decoding; the runner returns -1 when not chosen.

@@ -57,6 +57,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                 "Do not share the KV of repeated prompt prefixes between requests");
   AddSpecFlags(cmd, f);
   AddEvictionFlags(cmd, f);
+  AddKvDiskFlags(cmd, f);
   cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -123,6 +124,26 @@ void AddEvictionFlags(CLI::App* cmd, EngineFlags* f) {
                   "a block past its budget)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+}
+
+void AddKvDiskFlags(CLI::App* cmd, EngineFlags* f) {
+  kvserve::EngineOptions& o = f->options;
+  cmd->add_option("--kv-disk", o.kv_disk,
+                  "Disk tier: keep computed KV blocks in DIR (checksummed files keyed by their "
+                  "prefix hash) and load them instead of recomputing, across restarts too");
+  cmd->add_option("--kv-disk-size", f->kv_disk_size,
+                  "Disk tier: most bytes it keeps, least recently used dropped first (20G, "
+                  "512M; default: 20G or the free space, whichever is less)");
+  cmd->add_option("--kv-disk-policy", o.kv_disk_policy,
+                  "Disk tier: write-through (write blocks as they are computed: a crash keeps "
+                  "them) or write-back (write when they leave RAM, and at shutdown)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"write-through", "write-back"}));
+  cmd->add_option("--kv-disk-codec", o.kv_disk_codec,
+                  "Disk tier: how block bytes are stored: raw, or zstd (smaller files, slower "
+                  "writes and loads)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"raw", "zstd"}));
 }
 
 CLI::Validator RealRange(double lo, double hi, bool lo_open) {
@@ -223,8 +244,21 @@ bool ResolveSpecFlags(EngineFlags* f) {
 }
 
 bool ResolveKvMemory(EngineFlags* f) {
-  if (f->kv_memory.empty()) return true;
   std::string error;
+  if (!f->kv_disk_size.empty()) {
+    if (f->kv_disk_size.find('%') != std::string::npos ||
+        !ParseMemorySize(f->kv_disk_size, &f->options.kv_disk_size, &error) ||
+        f->options.kv_disk_size <= 0) {
+      std::fprintf(stderr, "error: --kv-disk-size %s: expected a size such as 20G or 512M%s%s\n",
+                   f->kv_disk_size.c_str(), error.empty() ? "" : ": ", error.c_str());
+      return false;
+    }
+    if (f->options.kv_disk.empty()) {
+      std::fprintf(stderr, "error: --kv-disk-size needs --kv-disk DIR\n");
+      return false;
+    }
+  }
+  if (f->kv_memory.empty()) return true;
   if (ParseMemorySize(f->kv_memory, &f->options.kv_memory_bytes, &error)) return true;
   std::fprintf(stderr, "error: %s\n", error.c_str());
   return false;

@@ -14,6 +14,7 @@ namespace kvs::cli {
 struct EngineFlags {
   kvserve::EngineOptions options;
   std::string kv_memory;         // BYTES (K/M/G suffixes, KiB/MiB/GiB too) or N% of available RAM
+  std::string kv_disk_size;      // --kv-disk-size BYTES
   std::string draft_model_path;  // -md/--model-draft
   // The speculation flags that only some --spec-type use: given with another, they are an
   // error rather than silently ignored (AddSpecFlags sets them, ResolveSpecFlags reads them).
@@ -30,6 +31,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, int32_t default_parallel)
 // --kv-budget, --kv-sink, --kv-window, --evict-policy, --evict-every (token eviction).
 void AddEvictionFlags(CLI::App* cmd, EngineFlags* flags);
 
+// --kv-disk, --kv-disk-size, --kv-disk-policy, --kv-disk-codec (the disk tier).
+void AddKvDiskFlags(CLI::App* cmd, EngineFlags* flags);
+
 // --check-tensors, for every command that loads a model to run it.
 void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options);
 
@@ -37,8 +41,8 @@ void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options);
 // are errors. CLI11's Range lets NaN through and prints its bounds with six decimals.
 CLI::Validator RealRange(double lo, double hi, bool lo_open = false);
 
-// Turns --kv-memory into bytes (0 when unset); false, with the error on stderr, when it does
-// not parse.
+// Turns --kv-memory (and --kv-disk-size) into bytes (0 when unset); false, with the error on
+// stderr, when one does not parse.
 bool ResolveKvMemory(EngineFlags* flags);
 
 // Loads -md (when given) into options.draft_model and checks the speculation flags go together;

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add(kvs::cli::AddInspectCommand(app));
   add(kvs::cli::AddPerplexityCommand(app));
   add(kvs::cli::AddBenchCommand(app));
+  add(kvs::cli::AddKvCommand(app));
   // llama.cpp spells some flags with several letters after one dash ("-np", "-ctk"); CLI11
   // takes one-letter short names only. (CLI11 takes the argument vector in reverse order.)
   const std::pair<std::string, std::string> spellings[] = {{"-np", "--parallel"},

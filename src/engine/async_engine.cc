@@ -1,14 +1,18 @@
 #include "engine/async_engine.h"
 
+#include <chrono>
+
 #include "core/log.h"
 
 namespace kvs {
 
 AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner,
-                         SpecRuntime spec, std::unique_ptr<EvictionPolicy> eviction_policy)
+                         SpecRuntime spec, std::unique_ptr<EvictionPolicy> eviction_policy,
+                         std::unique_ptr<KvTier> tier)
     : runner_(std::move(runner)),
       spec_(std::move(spec)),
       engine_(config, *runner_, spec_.drafter.get(), std::move(eviction_policy)) {
+  if (tier) engine_.AttachTier(std::move(tier));
   load_.usable_blocks = engine_.kv().num_usable_blocks();
   load_.free_blocks = engine_.kv().num_free_blocks();
   thread_ = std::thread([this] { Loop(); });
@@ -38,6 +42,21 @@ void AsyncEngine::Cancel(RequestId id) {
     inbox_.push_back(Command{id, true, {}, {}, {}});
   }
   wake_.notify_one();
+}
+
+std::future<void> AsyncEngine::RunOnLoop(std::function<void(Engine&)> task) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> future = done->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return future;  // the promise dies unfulfilled: broken
+    Command c;
+    c.task = std::move(task);
+    c.done = std::move(done);
+    inbox_.push_back(std::move(c));
+  }
+  wake_.notify_one();
+  return future;
 }
 
 void AsyncEngine::CancelAll() {
@@ -70,6 +89,11 @@ void AsyncEngine::Loop() {
       stopping = stopping_;
     }
     for (Command& c : commands) {
+      if (c.task) {
+        c.task(engine_);
+        c.done->set_value();
+        continue;
+      }
       if (c.cancel) {
         if (c.id == 0) {
           engine_.CancelAll();
@@ -88,6 +112,14 @@ void AsyncEngine::Loop() {
     }
     if (stopping) {
       engine_.CancelAll();
+      if (engine_.tier()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const int64_t offered = engine_.FlushTier(/*wait=*/true);
+        KVS_LOG_INFO("kv disk: flushed %lld blocks in %.0f ms", static_cast<long long>(offered),
+                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                               t0)
+                         .count());
+      }
       return;
     }
     EngineStepStats stats;

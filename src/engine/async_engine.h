@@ -7,6 +7,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -39,8 +41,10 @@ class AsyncEngine {
  public:
   // spec: the drafter (and what it reads) when the engine speculates.
   // eviction_policy: as Engine's (null: made from config.eviction.policy).
+  // tier: the disk tier under the prefix cache (null: none).
   AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner, SpecRuntime spec = {},
-              std::unique_ptr<EvictionPolicy> eviction_policy = nullptr);
+              std::unique_ptr<EvictionPolicy> eviction_policy = nullptr,
+              std::unique_ptr<KvTier> tier = nullptr);
   ~AsyncEngine();  // Shutdown()
 
   // Validates at once (bad input is an error here, not a callback) and queues the request.
@@ -50,8 +54,16 @@ class AsyncEngine {
   void Cancel(RequestId id);
   // Cancels every request queued or running before the next step.
   void CancelAll();
-  // Cancels everything still queued or running and stops the loop thread.
+  // Cancels everything still queued or running, writes what the disk tier lacks (bounded:
+  // Engine::FlushTier) and stops the loop thread.
   void Shutdown();
+  // Runs task on the loop thread between steps (what must touch the engine's state: the prefix
+  // cache, the disk tier's offers); the future is ready when it ran. After Shutdown the task
+  // never runs and the future holds a broken promise.
+  std::future<void> RunOnLoop(std::function<void(Engine&)> task);
+  // The disk tier (null: none); its stats() and WaitForWrites may be called from any thread.
+  KvTier* tier() { return engine_.tier(); }
+  const KvTier* tier() const { return engine_.tier(); }
 
   EngineLoad load() const;
   const EngineConfig& config() const { return engine_.config(); }
@@ -63,6 +75,8 @@ class AsyncEngine {
     std::vector<int32_t> prompt;
     RequestOptions options;
     TokenCallback on_token;
+    std::function<void(Engine&)> task;  // RunOnLoop's
+    std::shared_ptr<std::promise<void>> done;
   };
   void Loop();
 

@@ -282,6 +282,7 @@ bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
   const RequestOptions& o = requests_.at(seq->request).options;
   TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
   event.cached_tokens = std::max(0, seq->cached_tokens);
+  event.disk_tokens = std::min(seq->disk_tokens, event.cached_tokens);
   if (o.logprobs >= 0) FillLogprobs(logits, runner_.n_vocab(), token, o.logprobs, &event);
   seq->tokens.push_back(token);
   FinishReason reason = FinishReason::kNone;
@@ -300,11 +301,43 @@ bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
   return true;
 }
 
+void Engine::AttachTier(std::unique_ptr<KvTier> tier) {
+  tier_ = std::move(tier);
+  kv_.set_uncache_listener(
+      [this](BlockId id, const BlockHash& hash, bool reused) { tier_->OnUncache(id, hash, reused); });
+}
+
+int64_t Engine::FlushTier(bool wait) {
+  return tier_ ? tier_->Flush(kv_, wait) : 0;
+}
+
+int32_t Engine::ResetPrefixCache() {
+  FlushTier(/*wait=*/false);  // write-back: what leaves RAM goes to disk first
+  return kv_.DropFreeCachedBlocks();
+}
+
+std::vector<BlockHash> Engine::PromptBlockHashes(const std::vector<int32_t>& tokens,
+                                                 const BlockHash& cache_key) const {
+  std::vector<BlockHash> hashes;
+  kv_.HashFullBlocks(tokens.data(), static_cast<int32_t>(tokens.size()), cache_key, &hashes);
+  return hashes;
+}
+
 Status Engine::Step(EngineStepStats* stats) {
+  if (tier_) {
+    tier_->BeforePlan(kv_, scheduler_.waiting(), [this](SeqId id) -> Sequence* {
+      auto it = sequences_.find(id);
+      return it == sequences_.end() ? nullptr : it->second.get();
+    });
+  }
   if (drafter_) AddLookahead();
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};
-  if (plan.empty()) return Status::Ok();
+  if (plan.empty()) {
+    // Nothing to compute but a load from disk: wait for it here rather than spin.
+    if (tier_ && tier_->loads_outstanding()) tier_->WaitForLoad(5);
+    return Status::Ok();
+  }
   copies_.clear();
   scheduler_.Apply(plan, &copies_);
   for (Sequence* seq : plan.preempt) {
@@ -351,6 +384,7 @@ Status Engine::Step(EngineStepStats* stats) {
       kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key,
                          &seq->block_hashes);
       kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
+      if (tier_) tier_->AfterCommit(*seq, kv_);
     }
     if (r.n_logits == 0) {
       EvictIfDue(seq, EvictionPoint::kPrefillChunk);

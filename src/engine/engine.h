@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "engine/evictor.h"
+#include "engine/kv_tier.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/spec/drafter.h"
@@ -39,6 +40,7 @@ struct EngineConfig {
   bool prefix_cache = true;           // share cached full blocks of repeated prefixes
   SpecConfig spec;                    // speculative decoding, when the engine has a drafter
   EvictionConfig eviction;            // token eviction (--kv-budget ...; requests' kv_budget)
+  KvTierConfig kv_disk;               // the disk tier (--kv-disk DIR ...; no dir: none)
 
   Status Validate() const;
 };
@@ -96,6 +98,20 @@ class Engine {
   const Drafter* drafter() const { return drafter_; }
   const Evictor& evictor() const { return evictor_; }
 
+  // The disk tier under the prefix cache (kv_tier.h); null: none. Attach before the first step.
+  void AttachTier(std::unique_ptr<KvTier> tier);
+  KvTier* tier() { return tier_.get(); }
+  const KvTier* tier() const { return tier_.get(); }
+  // Writes every indexed block not yet on disk; when wait, waits for the writes (bounded: the
+  // tier's flush timeout). SIGTERM's last act. Returns the blocks offered.
+  int64_t FlushTier(bool wait);
+  // Drops the prefix cache's blocks nobody holds (vLLM's /reset_prefix_cache; under write-back
+  // they are offered to the disk tier first). Returns how many were dropped.
+  int32_t ResetPrefixCache();
+  // The chain hashes of the full blocks of tokens under cache_key (empty without prefix caching).
+  std::vector<BlockHash> PromptBlockHashes(const std::vector<int32_t>& tokens,
+                                           const BlockHash& cache_key) const;
+
  private:
   struct RequestState {
     RequestOptions options;
@@ -139,6 +155,7 @@ class Engine {
   std::vector<std::vector<std::vector<TokenProb>>> draft_probs_;  // per run: per draft, its q
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
   Evictor evictor_;
+  std::unique_ptr<KvTier> tier_;  // after kv_: its listener is set on kv_
   int64_t evicted_tokens_ = 0, compactions_ = 0, blocks_freed_by_compaction_ = 0;
 };
 

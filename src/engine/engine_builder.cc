@@ -127,8 +127,11 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   local.spec = std::move(*spec);
   auto policy = EvictionPolicyFor(config.eviction);
   if (!policy.ok()) return policy.status();
+  auto tier = Tier(config, *local.runner);
+  if (!tier.ok()) return tier.status();
   local.engine =
       std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get(), std::move(*policy));
+  if (*tier) local.engine->AttachTier(std::move(*tier));
   return local;
 }
 
@@ -139,8 +142,37 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
   if (!spec.ok()) return spec.status();
   auto policy = EvictionPolicyFor(config.eviction);
   if (!policy.ok()) return policy.status();
+  auto tier = Tier(config, **runner);
+  if (!tier.ok()) return tier.status();
   return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec),
-                                       std::move(*policy));
+                                       std::move(*policy), std::move(*tier));
+}
+
+Expected<std::unique_ptr<KvTier>> EngineBuilder::Tier(const EngineConfig& config,
+                                                      ModelRunner& runner) {
+  if (config.kv_disk.dir.empty()) return std::unique_ptr<KvTier>();
+  if (!config.prefix_cache || config.reserve_full_context) {
+    return Status::Error("--kv-disk stores the prefix cache's blocks: it needs the prefix cache");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string& dir = config.kv_disk.dir;
+  auto tier = KvTier::Open(config.kv_disk,
+                           MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
+                           runner.mutable_storage(), [&dir](int64_t files) {
+                             KVS_LOG_INFO("kv disk: indexing %s: %lld files so far", dir.c_str(),
+                                          static_cast<long long>(files));
+                           });
+  if (!tier.ok()) return tier.status();
+  const KvTierStats s = (*tier)->stats();
+  KVS_LOG_INFO("kv disk: %s holds %lld blocks (%.1f MiB of %.1f GiB; indexed in %.0f ms), %s, %s",
+               dir.c_str(), static_cast<long long>(s.blocks_stored), s.usage_bytes / 1048576.0,
+               (*tier)->config().capacity_bytes / 1073741824.0,
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                   .count(),
+               config.kv_disk.policy == KvDiskPolicy::kWriteThrough ? "write-through"
+                                                                    : "write-back",
+               BlockCodecName(config.kv_disk.codec));
+  return tier;
 }
 
 Expected<std::unique_ptr<EvictionPolicy>> EngineBuilder::EvictionPolicyFor(

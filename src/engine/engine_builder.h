@@ -51,6 +51,8 @@ class EngineBuilder {
   Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
 
  private:
+  // The disk tier of config.kv_disk over runner's KV (null when config names no directory).
+  Expected<std::unique_ptr<KvTier>> Tier(const EngineConfig& config, ModelRunner& runner);
   // The drafter of the Speculative options over runner's KV (none: an empty runtime).
   Expected<SpecRuntime> MakeSpec(const EngineConfig& config, ModelRunner& runner);
 

@@ -53,6 +53,7 @@ struct TokenEvent {
   float logprob = 0;  // when RequestOptions::logprobs >= 0
   std::vector<TokenLogprob> top_logprobs;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t disk_tokens = 0;    // of those, loaded from the disk tier for this request
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -91,6 +92,13 @@ struct Sequence {
   // prefix caching is off.
   std::vector<BlockHash> block_hashes;
   int32_t cached_tokens = -1;  // prefix-cache hit at first admission (-1: not admitted yet)
+  // The disk tier (engine/kv_tier.h): a load of blocks past the RAM prefix is in flight (the
+  // scheduler does not admit the sequence until it ends); the tier looked for its blocks since
+  // it was last queued; table hashes it has considered for writing; tokens it loaded.
+  bool kv_loading = false;
+  bool tier_probed = false;
+  int32_t tier_seen = 0;
+  int32_t disk_tokens = 0;
   std::unique_ptr<Sampler> sampler;
   SpecState spec;  // speculative decoding's acceptance estimate (spec_policy.h)
   // Token eviction (engine/evictor.h). Once a sequence has evicted, its cached slots no longer

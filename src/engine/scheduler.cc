@@ -37,6 +37,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : kv_(kv
 void Scheduler::AddWaiting(Sequence* seq) {
   kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
   seq->state = SeqState::kWaiting;
+  seq->tier_probed = false;  // a lower tier may hold its blocks by now
   InsertOrdered(waiting_, seq);
 }
 
@@ -119,6 +120,9 @@ SchedulePlan Scheduler::Plan() const {
     int32_t seats = running_seats();
     for (Sequence* seq : waiting_) {
       if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
+      // Its prefix is being loaded from a lower tier: later sequences go first meanwhile (as
+      // vLLM's requests waiting for remote KV), and it is admitted once the load ended.
+      if (seq->kv_loading) continue;
       // The cached prefix is shared, not computed: only the rest is prefilled. Its blocks were
       // hashed when the sequence was queued (AddWaiting).
       PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());

@@ -65,7 +65,15 @@ Expected<std::unique_ptr<DiskBlockStore>> DiskBlockStore::Open(
     }
     struct stat st;
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
-      continue;  // a directory or link under a block's name is never read
+      // A directory or link under a block's name is never read: counted as corrupt, and removed
+      // when that is safe (an empty directory, a link; never a directory's contents).
+      ++store->rejected_at_open_;
+      if (S_ISDIR(st.st_mode)) {
+        ::unlinkat(::dirfd(d), e->d_name, AT_REMOVEDIR);
+      } else {
+        ::unlinkat(::dirfd(d), e->d_name, 0);
+      }
+      continue;
     }
     std::lock_guard<std::mutex> lock(store->mu_);
     Entry& entry = store->index_[hash];
@@ -95,13 +103,24 @@ bool DiskBlockStore::Contains(const BlockHash& hash) const {
   return index_.contains(hash);
 }
 
+uint64_t DiskBlockStore::capacity_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capacity_;
+}
+
+void DiskBlockStore::set_capacity(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  capacity_ = bytes;
+  MakeRoomLocked(0);
+}
+
 Status DiskBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file) {
-  if (file.size() > capacity_) {
-    return Status::Error(StrFormat("a block of %zu bytes is larger than the store (%llu bytes)",
-                                   file.size(), static_cast<unsigned long long>(capacity_)));
-  }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (file.size() > capacity_) {
+      return Status::Error(StrFormat("a block of %zu bytes is larger than the store (%llu bytes)",
+                                     file.size(), static_cast<unsigned long long>(capacity_)));
+    }
     if (auto it = index_.find(hash); it != index_.end()) EraseLocked(hash);
     MakeRoomLocked(file.size());
   }

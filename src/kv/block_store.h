@@ -57,6 +57,11 @@ class DiskBlockStore final : public BlockStore {
   uint64_t usage_bytes() const;
   int64_t num_blocks() const;
   const std::string& dir() const { return dir_; }
+  uint64_t capacity_bytes() const;
+  // A new capacity (blocks past it are evicted now, least recently used first, pins kept).
+  void set_capacity(uint64_t bytes);
+  // Entries under a block's name that Open found were not regular files (directories, links).
+  int64_t rejected_at_open() const { return rejected_at_open_; }
 
  private:
   struct Entry {
@@ -72,11 +77,12 @@ class DiskBlockStore final : public BlockStore {
   void MakeRoomLocked(uint64_t incoming);
 
   const std::string dir_;
-  const uint64_t capacity_;
+  uint64_t capacity_;  // guarded by mu_
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
   std::list<BlockHash> lru_;
   uint64_t usage_ = 0;
+  int64_t rejected_at_open_ = 0;
 };
 
 }  // namespace kvs

@@ -12,26 +12,44 @@ BlockWriter::BlockWriter(BlockStore& store, int32_t max_queued)
 }
 
 BlockWriter::~BlockWriter() {
-  Flush(-1);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    stats_.dropped += static_cast<int64_t>(queue_.size());
+    queue_.clear();
+    pending_.clear();
   }
   work_.notify_all();
   thread_.join();
 }
 
 bool BlockWriter::Offer(const BlockHash& hash, std::vector<uint8_t> file) {
+  return Enqueue(Job{hash, std::move(file), std::nullopt, 0});
+}
+
+bool BlockWriter::OfferBlock(BlockFileHeader header, std::vector<uint8_t> payload,
+                             int zstd_level) {
+  const BlockHash hash = header.hash;
+  return Enqueue(Job{hash, std::move(payload), std::move(header), zstd_level});
+}
+
+bool BlockWriter::Enqueue(Job job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stats_.failed || queue_.size() >= max_queued_) {
       ++stats_.dropped;
       return false;
     }
-    queue_.push_back({hash, std::move(file)});
+    pending_.insert(job.hash);
+    queue_.push_back(std::move(job));
   }
   work_.notify_one();
   return true;
+}
+
+bool BlockWriter::Pending(const BlockHash& hash) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.contains(hash);
 }
 
 bool BlockWriter::Flush(int64_t timeout_ms) {
@@ -64,12 +82,24 @@ void BlockWriter::Loop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    const Status st = store_.Put(job.hash, job.file);
+    const int64_t payload_bytes = static_cast<int64_t>(job.bytes.size());
+    Status st = Status::Ok();
+    if (job.header) {
+      auto file = EncodeBlockFile(*job.header, job.bytes, job.zstd_level);
+      if (file.ok()) {
+        job.bytes = std::move(*file);
+      } else {
+        st = file.status();
+      }
+    }
+    if (st.ok()) st = store_.Put(job.hash, job.bytes);
     lock.lock();
     busy_ = false;
+    pending_.erase(job.hash);
     if (st.ok()) {
       ++stats_.written;
-      stats_.bytes_written += static_cast<int64_t>(job.file.size());
+      stats_.bytes_written += static_cast<int64_t>(job.bytes.size());
+      stats_.payload_bytes += job.header ? payload_bytes : static_cast<int64_t>(job.bytes.size());
     } else {
       ++stats_.errors;
       if (!stats_.failed) {
@@ -78,6 +108,7 @@ void BlockWriter::Loop() {
         failure_ = st.message();
         stats_.dropped += static_cast<int64_t>(queue_.size());
         queue_.clear();
+        pending_.clear();
         KVS_LOG_WARN("kv disk tier off: %s (serving continues without it)", failure_.c_str());
       }
     }

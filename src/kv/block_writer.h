@@ -11,10 +11,13 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
+#include "kv/block_file.h"
 #include "kv/block_store.h"
 
 namespace kvs {
@@ -22,6 +25,8 @@ namespace kvs {
 struct BlockWriterStats {
   int64_t written = 0;        // blocks stored
   int64_t bytes_written = 0;  // their file bytes
+  int64_t payload_bytes = 0;  // the KV bytes they hold (bytes_written / payload_bytes: the
+                              // codec's ratio, headers included)
   int64_t dropped = 0;        // offered while the queue was full, or after the tier failed
   int64_t errors = 0;         // writes the store refused
   bool failed = false;        // the tier is off (the first error's message in failure())
@@ -31,11 +36,18 @@ class BlockWriter {
  public:
   // max_queued: blocks waiting at most (their bytes are held in memory until written).
   BlockWriter(BlockStore& store, int32_t max_queued);
-  ~BlockWriter();  // Flush(no limit), then stops the thread
+  // Finishes the write in progress, drops what is queued (Flush first to keep it: its bound is
+  // the caller's to choose) and stops the thread.
+  ~BlockWriter();
 
   // Queues a block's file bytes under hash; false (and counted) when the queue is full or the
   // tier has failed. Never blocks on I/O.
   bool Offer(const BlockHash& hash, std::vector<uint8_t> file);
+  // Queues a block to be encoded (EncodeBlockFile at zstd_level, on the writer's thread: the
+  // caller pays only for the copy of its bytes) and written under header.hash. As Offer.
+  bool OfferBlock(BlockFileHeader header, std::vector<uint8_t> payload, int zstd_level = 3);
+  // Whether a block is queued or being written (so that nobody offers it twice).
+  bool Pending(const BlockHash& hash) const;
   // Waits until everything queued is written or timeout_ms passed (SIGTERM's bounded flush);
   // true when the queue emptied.
   bool Flush(int64_t timeout_ms);
@@ -45,8 +57,11 @@ class BlockWriter {
  private:
   struct Job {
     BlockHash hash;
-    std::vector<uint8_t> file;
+    std::vector<uint8_t> bytes;  // the file, or the payload to encode with *header
+    std::optional<BlockFileHeader> header;
+    int zstd_level = 3;
   };
+  bool Enqueue(Job job);
   void Loop();
 
   BlockStore& store_;
@@ -54,6 +69,7 @@ class BlockWriter {
   mutable std::mutex mu_;
   std::condition_variable work_, idle_;
   std::deque<Job> queue_;
+  std::unordered_set<BlockHash, BlockHashHasher> pending_;  // queued or being written
   bool busy_ = false;  // a job is being written
   bool stop_ = false;
   BlockWriterStats stats_;

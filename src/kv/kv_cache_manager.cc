@@ -47,7 +47,8 @@ KvCacheManager::KvCacheManager(int32_t n_blocks, int32_t block_size, int32_t wat
       block_size_(block_size),
       watermark_(watermark_blocks),
       block_hash_(static_cast<size_t>(n_blocks)),
-      block_cached_(static_cast<size_t>(n_blocks), false) {
+      block_cached_(static_cast<size_t>(n_blocks), false),
+      held_(static_cast<size_t>(n_blocks), 0) {
   KVS_CHECK(block_size > 0 && watermark_blocks >= 0);
 }
 
@@ -80,14 +81,59 @@ bool KvCacheManager::AllocateBlocks(int32_t n, std::vector<BlockId>* out) {
   const size_t first = out->size();
   if (!pool_.Allocate(n, out)) return false;
   // The least recently used cached blocks are the ones reused: their bytes are overwritten.
-  for (size_t i = first; i < out->size(); ++i) Uncache((*out)[i]);
+  for (size_t i = first; i < out->size(); ++i) Uncache((*out)[i], /*reused=*/true);
   return true;
 }
 
-void KvCacheManager::Uncache(BlockId id) {
+void KvCacheManager::Uncache(BlockId id, bool reused) {
   if (!block_cached_[id.value]) return;
+  if (uncache_listener_) uncache_listener_(id, block_hash_[id.value], reused);
   cached_.erase(block_hash_[id.value]);
   block_cached_[id.value] = false;
+}
+
+std::optional<BlockId> KvCacheManager::CachedBlock(const BlockHash& hash) const {
+  auto it = cached_.find(hash);
+  if (it == cached_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::pair<BlockHash, BlockId>> KvCacheManager::CachedBlocks() const {
+  return {cached_.begin(), cached_.end()};
+}
+
+int32_t KvCacheManager::DropFreeCachedBlocks() {
+  std::vector<BlockId> drop;
+  for (const auto& [hash, id] : cached_) {
+    if (pool_.ref_count(id) == 0) drop.push_back(id);
+  }
+  for (BlockId id : drop) Uncache(id);
+  return static_cast<int32_t>(drop.size());
+}
+
+bool KvCacheManager::HoldBlocks(int32_t n, std::vector<BlockId>* out) {
+  const size_t first = out->size();
+  if (!AllocateBlocks(n, out)) return false;
+  for (size_t i = first; i < out->size(); ++i) held_[(*out)[i].value] = 1;
+  num_held_ += n;
+  return true;
+}
+
+void KvCacheManager::ReleaseHeld(std::span<const BlockId> blocks,
+                                 std::span<const BlockHash> hashes, int32_t n_loaded) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockId id = blocks[i];
+    KVS_CHECK(held_[id.value] == 1);
+    held_[id.value] = 0;
+    --num_held_;
+    if (static_cast<int32_t>(i) < n_loaded && prefix_caching_ && !cached_.contains(hashes[i])) {
+      cached_.emplace(hashes[i], id);
+      block_hash_[id.value] = hashes[i];
+      block_cached_[id.value] = true;
+    }
+  }
+  std::vector<BlockId> reversed(blocks.rbegin(), blocks.rend());
+  KVS_CHECK(pool_.Free(reversed).ok());
 }
 
 void KvCacheManager::HashFullBlocks(const int32_t* tokens, int32_t n, const BlockHash& key,
@@ -323,6 +369,7 @@ Status KvCacheManager::VerifyIntegrity() const {
     return Status::Error("blocks marked cached differ from the prefix index");
   }
   for (int32_t id = 1; id < pool_.num_blocks(); ++id) {
+    holders[id] += held_[id];
     if (holders[id] != pool_.ref_count(BlockId{id})) {
       return Status::Error(StrFormat("block %d: refcount %d but %d tables hold it", id,
                                      pool_.ref_count(BlockId{id}), holders[id]));

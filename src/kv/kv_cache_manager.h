@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -145,11 +147,35 @@ class KvCacheManager {
   // hashes only committed tokens never indexes a draft.
   void CommitFullBlocks(SeqId seq, std::span<const BlockHash> hashes, int32_t n_computed);
   int32_t num_cached_blocks() const { return static_cast<int32_t>(cached_.size()); }
+  // The block indexed under hash, if any.
+  std::optional<BlockId> CachedBlock(const BlockHash& hash) const;
+  // Every indexed block with its hash, in no particular order (a tier's flush at shutdown).
+  std::vector<std::pair<BlockHash, BlockId>> CachedBlocks() const;
+  // Drops every indexed block nobody holds from the index (vLLM's reset_prefix_cache); blocks
+  // in use stay indexed. Returns how many were dropped.
+  int32_t DropFreeCachedBlocks();
+
+  // --- Lower tiers (engine/kv_tier.h). Called with a block and its hash just before the block
+  // leaves the index; `reused` when it leaves because it was handed out again (its bytes are
+  // still intact now, and overwritten by the step that took it), else its bytes are about to
+  // change or it was dropped. The tier copies what it wants to keep before returning.
+  using UncacheListener = std::function<void(BlockId id, const BlockHash& hash, bool reused)>;
+  void set_uncache_listener(UncacheListener listener) { uncache_listener_ = std::move(listener); }
+  // Takes n blocks for a load from a lower tier, held outside any table (refcount 1) until
+  // ReleaseHeld. All or nothing, as Append; admission's watermark is the caller's to keep.
+  bool HoldBlocks(int32_t n, std::vector<BlockId>* out);
+  // Ends holds: blocks[i] for i < n_loaded enter the prefix index under hashes[i] (unless the
+  // hash is indexed already: then the block stays private and is freed unindexed), and every
+  // block returns to the free list, last first, so the chain's head is reused last.
+  void ReleaseHeld(std::span<const BlockId> blocks, std::span<const BlockHash> hashes,
+                   int32_t n_loaded);
+  int32_t num_held_blocks() const { return num_held_; }
   // Block hashes computed so far (HashFullBlocks and the token-list Match): how tests see that
   // a lookup reuses a sequence's hashes instead of hashing its tokens again.
   int64_t num_blocks_hashed() const { return num_blocks_hashed_; }
 
-  // The pool's invariants, every block's refcount equals the number of tables holding it, the
+  // The pool's invariants, every block's refcount equals the number of tables holding it (and
+  // the load holding it, HoldBlocks), the
   // prefix index and the blocks' hashes agree, an indexed block is full in every table holding
   // it, and a table's hashes cover only its full blocks.
   Status VerifyIntegrity() const;
@@ -158,8 +184,9 @@ class KvCacheManager {
   bool LastBlockNeedsCopy(const BlockTable& t) const;
   // Takes n blocks, dropping the cached hashes of those that were cached (LRU eviction).
   bool AllocateBlocks(int32_t n, std::vector<BlockId>* out);
-  // Removes a block from the prefix index (its bytes are about to change).
-  void Uncache(BlockId id);
+  // Removes a block from the prefix index (its bytes are about to change, or reused: handed out
+  // again by AllocateBlocks).
+  void Uncache(BlockId id, bool reused = false);
   BlockHash ChainHash(const BlockHash& parent, const BlockHash& key, const int32_t* tokens) const;
 
   BlockPool pool_;
@@ -170,6 +197,9 @@ class KvCacheManager {
   std::vector<BlockHash> block_hash_;  // per block: its hash while it is in cached_
   std::vector<bool> block_cached_;
   std::unordered_map<BlockHash, BlockId, BlockHashHasher> cached_;
+  UncacheListener uncache_listener_;
+  std::vector<uint8_t> held_;  // per block: held by HoldBlocks (counts as a holder)
+  int32_t num_held_ = 0;
   // A statistic, not state: counted by const lookups (the engine is single-threaded).
   mutable int64_t num_blocks_hashed_ = 0;
 };

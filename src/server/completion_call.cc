@@ -33,6 +33,7 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
   Choice& c = choices_[e.choice];
   const auto now = Clock::now();
   cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
+  disk_tokens_ = std::max(disk_tokens_, e.disk_tokens);
   if (e.token >= 0) {
     if (ttft_s_ < 0) {
       ttft_s_ = std::chrono::duration<double>(now - start_).count();
@@ -157,7 +158,9 @@ nlohmann::json CompletionCall::Usage() const {
   return {{"prompt_tokens", prompt_tokens_},
           {"completion_tokens", completion},
           {"total_tokens", prompt_tokens_ + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+          // disk_tokens (an extension): of the cached ones, those loaded from --kv-disk.
+          {"prompt_tokens_details",
+           {{"cached_tokens", cached_tokens_}, {"disk_tokens", disk_tokens_}}}};
 }
 
 std::string CompletionCall::ChunkJson(const Piece& p) {

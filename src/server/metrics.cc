@@ -104,6 +104,32 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
   gauge("blocks_freed_by_compaction_total", "counter",
         "KV blocks returned to the pool by compactions.",
         static_cast<double>(s.blocks_freed_by_compaction));
+  // Disk tier (--kv-disk), in blocks and bytes. Hits are blocks loaded instead of recomputed;
+  // corrupt ones failed a check and were recomputed; kv_disk_up falls to 0 when the tier turned
+  // itself off (a full, read-only or vanished directory) and serving went on without it.
+  if (s.kv_disk) {
+    gauge("kv_disk_up", "gauge", "1 while the disk tier writes, 0 once it turned itself off.",
+          s.kv_disk_failed ? 0.0 : 1.0);
+    gauge("kv_disk_hits_total", "counter", "KV blocks loaded from the disk tier.",
+          static_cast<double>(s.kv_disk_hits));
+    gauge("kv_disk_misses_total", "counter",
+          "KV blocks past the RAM prefix cache that the disk tier did not hold either.",
+          static_cast<double>(s.kv_disk_misses));
+    gauge("kv_disk_corrupt_total", "counter",
+          "Stored KV blocks that failed a check (never loaded; removed and recomputed).",
+          static_cast<double>(s.kv_disk_corrupt));
+    gauge("kv_disk_bytes_read_total", "counter", "Bytes of KV block files read.",
+          static_cast<double>(s.kv_disk_bytes_read));
+    gauge("kv_disk_bytes_written_total", "counter", "Bytes of KV block files written.",
+          static_cast<double>(s.kv_disk_bytes_written));
+    gauge("kv_disk_dropped_total", "counter",
+          "KV blocks not written: the write queue was full, or the tier was off.",
+          static_cast<double>(s.kv_disk_dropped));
+    gauge("kv_disk_usage_bytes", "gauge", "Bytes the disk tier holds.",
+          static_cast<double>(s.kv_disk_usage_bytes));
+    gauge("kv_disk_capacity_bytes", "gauge", "Bytes the disk tier may hold (--kv-disk-size).",
+          static_cast<double>(s.kv_disk_capacity_bytes));
+  }
   gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
   gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
   // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding

@@ -66,7 +66,7 @@ bool Server::Authorized(const http::Request& req) const {
 // reading a body, so that nobody without the key can make the server receive one.
 std::optional<http::Response> Server::Admit(const http::Request& req) const {
   http::Response res;
-  if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req)) {
+  if ((req.path.rfind("/v1/", 0) == 0 || req.path == "/reset_prefix_cache") && !Authorized(req)) {
     SendError(res, ApiError{401,
                             "invalid_request_error",
                             req.Find("authorization") ? "Incorrect API key provided."
@@ -84,10 +84,26 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
                                       {"GET", "/metrics"},
                                       {"GET", "/v1/models"},
                                       {"POST", "/v1/completions"},
-                                      {"POST", "/v1/chat/completions"}};
+                                      {"POST", "/v1/chat/completions"},
+                                      {"POST", "/reset_prefix_cache"}};
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
     if (req.path == r.path) route = &r;
+  }
+  if (IsKvDocumentPath(req.path)) {
+    // GET and POST on the collection, GET and DELETE on a document.
+    const bool collection = req.path == kKvDocumentsPath;
+    const char* allowed = collection ? "GET, POST" : "GET, DELETE";
+    const bool ok = req.method == "GET" || req.method == "HEAD" ||
+                    req.method == (collection ? "POST" : "DELETE");
+    if (ok) return std::nullopt;
+    SendError(res, ApiError{405,
+                            "invalid_request_error",
+                            req.path + " takes " + allowed + ", not " + Quote(req.method),
+                            {},
+                            "method_not_allowed"});
+    res.headers.push_back({"Allow", allowed});
+    return res;
   }
   if (!route) {
     SendError(res, ApiError{404,
@@ -137,6 +153,8 @@ void Server::Handle(http::Request& req, http::Response& res) {
                               {}});
   }
   if (req.path == "/v1/models") return Models(res);
+  if (IsKvDocumentPath(req.path)) return KvDocuments(req, res);
+  if (req.path == "/reset_prefix_cache") return ResetPrefixCache(res);
   Completion(req, res, /*chat=*/req.path == "/v1/chat/completions");
 }
 

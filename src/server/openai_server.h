@@ -20,6 +20,10 @@
 
 namespace kvs::server {
 
+inline constexpr const char* kKvDocumentsPath = "/v1/kv/documents";
+// /v1/kv/documents and /v1/kv/documents/{name}.
+bool IsKvDocumentPath(const std::string& path);
+
 struct ServerOptions {
   std::string model_path;
   std::string host = "127.0.0.1";  // loopback unless told otherwise
@@ -68,6 +72,9 @@ class Server {
   void Handle(http::Request& req, http::Response& res);
   void Completion(const http::Request& req, http::Response& res, bool chat);
   void Models(http::Response& res) const;
+  // kv_routes.cc
+  void KvDocuments(const http::Request& req, http::Response& res);
+  void ResetPrefixCache(http::Response& res);
   bool Authorized(const http::Request& req) const;
 
   ServerOptions options_;

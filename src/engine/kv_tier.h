@@ -1,0 +1,142 @@
+// The disk tier under the RAM prefix cache (issue #20), and the engine's seam for lower tiers
+// (vLLM's KV connector): full blocks the prefix cache indexes go to a BlockStore keyed by their
+// chain hash, and a prompt whose prefix chain continues past the RAM pool into the store has
+// those blocks loaded into fresh pool blocks instead of recomputed.
+//
+// When blocks are written (--kv-disk-policy):
+//   write-through (default): as soon as a block is committed (full, computed, hashed). A crash
+//     (kill -9) loses at most what was queued; the cost is the copy of the block's bytes on
+//     the step path (encoding and the write are on the writer's thread) and disk bandwidth for
+//     blocks that are never reused.
+//   write-back: when the block leaves the RAM pool (LRU reuse), or at a clean shutdown. Less
+//     written, but a crash loses every block still only in RAM.
+// Whatever the policy, Flush (SIGTERM) writes every indexed block not yet on disk, bounded in
+// time. Writes and loads run on their own threads with bounded queues: a block offered while
+// the write queue is full is dropped and counted (recomputed if it is ever needed); a load
+// holds its pool blocks until it ends and the sequence waits for it, never a running decode.
+// The scheduler admits a loading sequence once its load ended, with the loaded blocks as a
+// cached prefix: a load takes no token budget, so it is always cheaper than prefill.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/request.h"
+#include "kv/block_file.h"
+#include "kv/block_loader.h"
+#include "kv/block_store.h"
+#include "kv/block_writer.h"
+#include "kv/kv_cache_manager.h"
+#include "kv/kv_storage.h"
+
+namespace kvs {
+
+enum class KvDiskPolicy { kWriteThrough, kWriteBack };
+Expected<KvDiskPolicy> ParseKvDiskPolicy(const std::string& name);
+Expected<BlockCodec> ParseBlockCodec(const std::string& name);
+
+inline constexpr uint64_t kDefaultKvDiskBytes = uint64_t{20} << 30;
+
+struct KvTierConfig {
+  std::string dir;              // --kv-disk
+  uint64_t capacity_bytes = 0;  // --kv-disk-size; 0: 20G or the free space, whichever is less
+  KvDiskPolicy policy = KvDiskPolicy::kWriteThrough;
+  BlockCodec codec = BlockCodec::kRaw;
+  int zstd_level = 3;
+  int64_t write_queue_bytes = int64_t{256} << 20;  // KV bytes waiting to be written, at most
+  int64_t flush_timeout_ms = 20000;                // Flush's bound (SIGTERM)
+};
+
+struct KvTierStats {
+  int64_t hits = 0;           // blocks loaded from the store
+  int64_t misses = 0;         // blocks past the RAM prefix that the store did not have either
+  int64_t corrupt = 0;        // blocks that failed a check (never loaded; removed)
+  int64_t bytes_read = 0;     // file bytes read by loads
+  int64_t bytes_written = 0;  // file bytes written
+  int64_t payload_bytes_written = 0;  // the KV bytes in them (ratio: the codec's)
+  int64_t blocks_written = 0;
+  int64_t dropped = 0;  // blocks not written: the queue was full or the tier had failed
+  int64_t usage_bytes = 0;
+  int64_t blocks_stored = 0;
+  int64_t loaded_tokens = 0;
+  bool failed = false;  // the tier turned itself off (a full, read-only or vanished directory)
+};
+
+class KvTier {
+ public:
+  // Opens (or creates) the store at config.dir and rebuilds its index, reporting progress for
+  // large stores; identity: what the pool's blocks depend on.
+  static Expected<std::unique_ptr<KvTier>> Open(const KvTierConfig& config,
+                                                const BlockIdentity& identity, KvStorage& storage,
+                                                const std::function<void(int64_t)>& progress);
+  ~KvTier();
+
+  const KvTierConfig& config() const { return config_; }
+  DiskBlockStore& store() { return *store_; }
+  const DiskBlockStore& store() const { return *store_; }
+  KvTierStats stats() const;  // any thread
+
+  // --- Engine hooks (the engine's thread).
+  // Collects finished loads (their blocks enter the prefix index; the sequences become
+  // admissible), then starts loads for waiting sequences whose prefix continues on disk.
+  // find(seq id): the live sequence, or null once it is gone.
+  void BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waiting,
+                  const std::function<Sequence*(SeqId)>& find);
+  // The sequence committed blocks (its table's hashes grew): write-through offers them.
+  void AfterCommit(Sequence& seq, const KvCacheManager& kv);
+  // KvCacheManager's uncache listener.
+  void OnUncache(BlockId id, const BlockHash& hash, bool reused);
+  // Waits (at most timeout_ms) for a load to end: an engine with nothing else to run.
+  bool loads_outstanding() const { return !loads_.empty(); }
+  void WaitForLoad(int64_t timeout_ms) { loader_->WaitDone(timeout_ms); }
+  // Offers every indexed block not yet stored; then, when wait, waits for the writes (at most
+  // config.flush_timeout_ms). Returns the blocks offered.
+  int64_t Flush(const KvCacheManager& kv, bool wait);
+  // Offers the given blocks now (those indexed in RAM and not stored: a KV document under
+  // write-back). Returns how many were offered.
+  int64_t Persist(const KvCacheManager& kv, const std::vector<BlockHash>& hashes);
+  // Waits until every offered block is written (any thread); false on timeout or failure.
+  bool WaitForWrites(int64_t timeout_ms);
+
+ private:
+  struct BlockMeta {
+    BlockHash parent;
+    std::vector<int32_t> tokens;
+  };
+  struct Load {
+    SeqId seq;
+    std::vector<BlockId> blocks;
+    std::vector<BlockHash> hashes;
+  };
+  KvTier(const KvTierConfig& config, const BlockIdentity& identity, KvStorage& storage,
+         std::unique_ptr<DiskBlockStore> store);
+  // Copies the block's bytes and queues it for writing; false when it could not be queued.
+  bool Offer(BlockId id, const BlockHash& hash, const BlockMeta& meta);
+  bool Stored(const BlockHash& hash) const {
+    return store_->Contains(hash) || writer_->Pending(hash);
+  }
+
+  KvTierConfig config_;
+  BlockIdentity identity_;
+  KvStorage& storage_;
+  std::unique_ptr<DiskBlockStore> store_;
+  std::unique_ptr<BlockWriter> writer_;
+  std::unique_ptr<BlockLoader> loader_;
+  // Indexed blocks not stored yet, with what their file header needs (write-back keeps every
+  // one until the block leaves RAM; write-through only those its queue dropped).
+  std::unordered_map<BlockHash, BlockMeta, BlockHashHasher> unsaved_;
+  std::unordered_map<uint64_t, Load> loads_;  // by ticket
+  uint64_t next_ticket_ = 1;
+  std::vector<uint8_t> scratch_;
+  std::atomic<int64_t> hits_{0}, misses_{0}, corrupt_{0}, bytes_read_{0}, loaded_tokens_{0};
+  bool reported_failure_ = false;
+};
+
+}  // namespace kvs

@@ -1,0 +1,108 @@
+#include "kv/block_loader.h"
+
+#include <chrono>
+
+namespace kvs {
+
+BlockLoader::BlockLoader(BlockStore& store, BlockIdentity identity, WriteBlockFn write_block)
+    : store_(store), identity_(identity), write_block_(std::move(write_block)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+BlockLoader::~BlockLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  thread_.join();
+}
+
+void BlockLoader::Submit(LoadJob job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(job));
+    ++outstanding_;
+  }
+  work_.notify_one();
+}
+
+std::vector<LoadResult> BlockLoader::TakeDone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<LoadResult> out;
+  out.swap(done_);
+  outstanding_ -= static_cast<int32_t>(out.size());
+  return out;
+}
+
+bool BlockLoader::WaitDone(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return done_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                           [&] { return !done_.empty(); });
+}
+
+int32_t BlockLoader::outstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outstanding_;
+}
+
+LoadResult BlockLoader::Run(const LoadJob& job) {
+  LoadResult r;
+  r.ticket = job.ticket;
+  const size_t n = job.blocks.size();
+  const size_t block_size = n == 0 ? 0 : job.tokens.size() / n;
+  for (size_t i = 0; i < n; ++i) {
+    const BlockHash& hash = job.hashes[i];
+    auto bytes = store_.Get(hash);
+    if (!bytes.ok()) {
+      // Gone since the lookup (evicted by LRU, removed by hand, the directory vanished): a miss.
+      // Anything else unreadable under the block's name (a directory, a device) is corrupt.
+      const std::string& why = bytes.error();
+      const bool gone = why.find("not in the disk store") != std::string::npos ||
+                        why.find("No such file") != std::string::npos;
+      (gone ? r.missing : r.corrupt) = 1;
+      r.error = why;
+      store_.Erase(hash);
+      break;
+    }
+    r.bytes_read += static_cast<int64_t>(bytes->size());
+    auto block = DecodeBlockFile(*bytes, identity_, hash);
+    Status check = block.ok() ? Status::Ok() : block.status();
+    if (check.ok()) {
+      const BlockHash parent = i == 0 ? job.first_parent : job.hashes[i - 1];
+      const std::span<const int32_t> want(job.tokens.data() + i * block_size, block_size);
+      if (!(block->header.parent == parent)) {
+        check = Status::Error("block file: another parent block than the prompt's");
+      } else if (!std::equal(want.begin(), want.end(), block->header.tokens.begin(),
+                             block->header.tokens.end())) {
+        check = Status::Error("block file: other token ids than the prompt's");
+      }
+    }
+    if (check.ok()) check = write_block_(job.blocks[i], block->payload);
+    if (!check.ok()) {
+      r.corrupt = 1;
+      r.error = check.message();
+      store_.Erase(hash);  // never loaded, and never looked up again
+      break;
+    }
+    ++r.n_loaded;
+  }
+  return r;
+}
+
+void BlockLoader::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    LoadJob job = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    LoadResult result = Run(job);
+    lock.lock();
+    done_.push_back(std::move(result));
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace kvs

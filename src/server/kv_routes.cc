@@ -1,0 +1,133 @@
+// The KV routes of the server: KV documents (POST/GET /v1/kv/documents, GET/DELETE
+// /v1/kv/documents/{name}) over the disk tier, and POST /reset_prefix_cache (vLLM's).
+#include "core/log.h"
+#include "server/openai_api.h"
+#include "server/openai_server.h"
+
+namespace kvs::server {
+namespace {
+
+void SendError(http::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.content_type = "application/json";
+  res.body = Dump(ErrorJson(e));
+}
+
+nlohmann::json DocumentJson(const kvserve::KvDocumentInfo& d) {
+  return {{"object", "kv.document"},   {"name", d.name},
+          {"status", d.status},        {"tokens", d.tokens},
+          {"blocks", d.blocks},        {"blocks_on_disk", d.blocks_on_disk},
+          {"created", d.created},       {"model", d.model}};
+}
+
+ApiError BadRequest(const std::string& message, const std::string& param = {}) {
+  return ApiError{400, "invalid_request_error", message, param, {}};
+}
+
+}  // namespace
+
+bool IsKvDocumentPath(const std::string& path) {
+  return path == kKvDocumentsPath || path.rfind(std::string(kKvDocumentsPath) + "/", 0) == 0;
+}
+
+void Server::ResetPrefixCache(http::Response& res) {
+  const int32_t dropped = engine_->ResetPrefixCache();
+  res.content_type = "application/json";
+  res.body = Dump(nlohmann::json{{"object", "prefix_cache.reset"}, {"blocks_dropped", dropped}});
+}
+
+void Server::KvDocuments(const http::Request& req, http::Response& res) {
+  res.content_type = "application/json";
+  const std::string prefix = std::string(kKvDocumentsPath) + "/";
+  if (req.path != kKvDocumentsPath) {  // /v1/kv/documents/{name}
+    const std::string name = req.path.substr(prefix.size());
+    kvserve::KvDocumentInfo info;
+    std::string error;
+    if (req.method == "DELETE") {
+      if (!engine_->RemoveKvDocument(name, &error)) {
+        const bool absent = error.rfind("no KV document", 0) == 0;
+        return SendError(res, ApiError{absent ? 404 : 400, "invalid_request_error", error, "name",
+                                       absent ? "not_found" : ""});
+      }
+      res.body = Dump(nlohmann::json{{"object", "kv.document.deleted"}, {"name", name},
+                                     {"deleted", true}});
+      return;
+    }
+    if (!engine_->GetKvDocument(name, &info, &error)) {
+      const bool absent = error.rfind("no KV document", 0) == 0;
+      return SendError(res, ApiError{absent ? 404 : 400, "invalid_request_error", error, "name",
+                                     absent ? "not_found" : ""});
+    }
+    res.body = Dump(DocumentJson(info));
+    return;
+  }
+  if (req.method == "GET" || req.method == "HEAD") {
+    nlohmann::json data = nlohmann::json::array();
+    for (const kvserve::KvDocumentInfo& d : engine_->ListKvDocuments()) {
+      data.push_back(DocumentJson(d));
+    }
+    res.body = Dump(nlohmann::json{{"object", "list"}, {"data", data}});
+    return;
+  }
+  // POST: {"name", "prompt" | "tokens" | "messages", "cache_salt"?}
+  nlohmann::json body;
+  if (auto err = ParseJsonBody(req.body, &body)) return SendError(res, *err);
+  if (!body.is_object()) return SendError(res, BadRequest("the body must be a JSON object"));
+  auto name_it = body.find("name");
+  if (name_it == body.end() || !name_it->is_string()) {
+    return SendError(res, BadRequest("'name' is required: a string", "name"));
+  }
+  const std::string name = *name_it;
+  const int given = int(body.contains("prompt")) + int(body.contains("tokens")) +
+                    int(body.contains("messages"));
+  if (given != 1) {
+    return SendError(res, BadRequest("give exactly one of 'prompt', 'tokens' or 'messages'",
+                                     "prompt"));
+  }
+  // The completion parser checks the prompt, its token ids and cache_salt as a request's.
+  nlohmann::json request = nlohmann::json::object();
+  const bool chat = body.contains("messages");
+  if (chat) request["messages"] = body["messages"];
+  if (body.contains("prompt")) request["prompt"] = body["prompt"];
+  if (body.contains("tokens")) {
+    if (!body["tokens"].is_array()) {
+      return SendError(res, BadRequest("'tokens' must be an array of token ids", "tokens"));
+    }
+    request["prompt"] = body["tokens"];
+  }
+  if (body.contains("cache_salt")) request["cache_salt"] = body["cache_salt"];
+  CompletionRequest parsed;
+  if (auto err = ParseCompletionRequest(request, chat, &parsed)) return SendError(res, *err);
+  std::vector<int32_t> tokens;
+  if (chat) {
+    const RenderedChat rendered = RenderChat(chat_format_, parsed.messages);
+    tokens = model_->Tokenize(rendered.text, rendered.add_bos);
+  } else if (!parsed.prompt_ids.empty()) {
+    tokens = parsed.prompt_ids;
+    for (int32_t t : tokens) {
+      if (t >= model_->n_vocab()) {
+        return SendError(res, BadRequest("token id " + std::to_string(t) +
+                                             " is outside the vocabulary (0.." +
+                                             std::to_string(model_->n_vocab() - 1) + ")",
+                                         "tokens"));
+      }
+    }
+  } else {
+    tokens = model_->Tokenize(parsed.prompt_text, /*add_special=*/true);
+  }
+  kvserve::KvDocumentInfo info;
+  std::string error;
+  if (!engine_->SaveKvDocument(name, std::move(tokens), parsed.gen.cache_salt, &info, &error)) {
+    const bool server_side = error.find("reached the disk") != std::string::npos ||
+                             error.find("shutting down") != std::string::npos;
+    const bool busy = error.find("is being saved") != std::string::npos;
+    return SendError(res, ApiError{server_side ? 503 : (busy ? 409 : 400),
+                                   server_side ? "server_error" : "invalid_request_error", error,
+                                   server_side ? "" : "name", {}});
+  }
+  KVS_LOG_INFO("kv documents: saved %s (%d tokens, %d blocks)", info.name.c_str(), info.tokens,
+               info.blocks);
+  res.body = Dump(DocumentJson(info));
+}
+
+}  // namespace kvs::server

@@ -1,0 +1,393 @@
+// The disk tier under the prefix cache (issue #20) with the real stories models: blocks written
+// by one engine are loaded by the next (a restart) and by the same engine after its RAM pool let
+// them go, with every greedy token equal to a cold run, for every KV type and both codecs; a
+// stored block that is torn, truncated, bit-flipped, of another salt, KV type or model, empty, or
+// a directory is a miss (recomputed, counted, removed), never loaded; and a directory that
+// vanishes, cannot be written or fills up turns the tier off while serving goes on unchanged.
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/engine_builder.h"
+#include "kv/block_store.h"
+#include "testing/test_models.h"
+
+namespace kvs {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kModel = "stories260K.gguf";
+
+// A fresh directory under the test's temporary directory, removed at the end.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/kvs-tier-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Prompts of ~70 tokens (four full blocks of 16, then a tail), different from their second token.
+std::vector<std::vector<int32_t>> Prompts(const Model& model, int32_t n = 3) {
+  const int32_t vocab = model.config().n_vocab - 3;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t p = 0; p < n; ++p) {
+    std::vector<int32_t> prompt = {1};
+    for (int32_t i = 1; i < 70 + p; ++i) prompt.push_back(3 + (p * 97 + i * 31 + i * i * 7) % vocab);
+    prompts.push_back(prompt);
+  }
+  return prompts;
+}
+
+struct Served {
+  std::vector<std::vector<int32_t>> tokens;  // [prompt][output token]
+  std::vector<int32_t> disk_tokens;          // per prompt: loaded from disk
+  KvTierStats tier;
+};
+
+class TierEngine {
+ public:
+  TierEngine(const Model& model, KvTypes types, const std::string& dir, int32_t n_blocks = 64,
+             KvTierConfig tier = {})
+      : pool_(2), builder_(model, nullptr, pool_, KvFormatWithTypes(types)) {
+    EngineConfig cfg;
+    cfg.n_ctx = 256;
+    cfg.max_seqs = 4;
+    cfg.max_batch_tokens = 32;  // prompts prefill in chunks: loads and chunks interleave
+    cfg.n_blocks = n_blocks;
+    cfg.watermark_blocks = 0;
+    cfg.verify_each_step = true;  // the pool's invariants (held loads included) every step
+    tier.dir = dir;
+    cfg.kv_disk = tier;
+    auto local = builder_.Local(cfg);
+    EXPECT_TRUE(local.ok()) << local.error();
+    if (local.ok()) local_ = std::move(*local);
+  }
+  bool ok() const { return local_.engine != nullptr; }
+  Engine& engine() { return *local_.engine; }
+
+  // Each prompt alone (so that a later one may hit what an earlier one stored), greedy.
+  Served Serve(const std::vector<std::vector<int32_t>>& prompts, const BlockHash& key = {}) {
+    Served run;
+    for (const std::vector<int32_t>& prompt : prompts) {
+      RequestOptions o;
+      o.max_tokens = 8;
+      o.sampling.temperature = 0;
+      o.cache_key = key;
+      std::vector<int32_t> out;
+      int32_t disk = -1;
+      auto id = engine().Submit(prompt, o, [&](const TokenEvent& e) {
+        if (e.token >= 0) out.push_back(e.token);
+        if (disk < 0) disk = e.disk_tokens;
+      });
+      EXPECT_TRUE(id.ok()) << id.error();
+      for (int i = 0; i < 10000 && engine().HasWork(); ++i) EXPECT_TRUE(engine().Step().ok());
+      EXPECT_FALSE(engine().HasWork());
+      run.tokens.push_back(out);
+      run.disk_tokens.push_back(disk);
+    }
+    if (engine().tier()) run.tier = engine().tier()->stats();
+    return run;
+  }
+
+ private:
+  ThreadPool pool_;
+  EngineBuilder builder_;
+  LocalEngine local_;
+};
+
+std::vector<std::vector<int32_t>> Cold(const Model& model, KvTypes types,
+                                       const std::vector<std::vector<int32_t>>& prompts) {
+  TierEngine cold(model, types, "");
+  return cold.Serve(prompts).tokens;
+}
+
+struct TypeCase {
+  KvTypes types;
+  BlockCodec codec;
+};
+
+class TierIdentity : public ::testing::TestWithParam<TypeCase> {};
+
+TEST_P(TierIdentity, BlocksFromDiskGiveTheComputedTokens) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const TypeCase c = GetParam();
+  const auto prompts = Prompts(*model);
+  const auto cold = Cold(*model, c.types, prompts);
+  TempDir dir;
+  KvTierConfig tier;
+  tier.codec = c.codec;
+  {
+    TierEngine first(*model, c.types, dir.path(), 64, tier);
+    ASSERT_TRUE(first.ok());
+    const Served run = first.Serve(prompts);
+    EXPECT_EQ(run.tokens, cold);
+    first.engine().FlushTier(/*wait=*/true);
+    EXPECT_EQ(first.engine().tier()->stats().blocks_written, 3 * 4);  // the prompts' full blocks
+  }
+  // A restart: the next engine finds every prompt's blocks on disk, loads them, and computes
+  // only the tails.
+  TierEngine second(*model, c.types, dir.path(), 64, tier);
+  ASSERT_TRUE(second.ok());
+  const Served run = second.Serve(prompts);
+  EXPECT_EQ(run.tokens, cold);
+  EXPECT_EQ(run.tier.hits, 3 * 4);
+  EXPECT_EQ(run.tier.corrupt, 0);
+  EXPECT_EQ(run.disk_tokens, (std::vector<int32_t>{64, 64, 64}));
+}
+
+std::vector<TypeCase> AllTypeCases() {
+  std::vector<TypeCase> cases;
+  for (KvType t : kAllKvTypes) {
+    for (BlockCodec codec : {BlockCodec::kRaw, BlockCodec::kZstd}) cases.push_back({{t, t}, codec});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryKvType, TierIdentity, ::testing::ValuesIn(AllTypeCases()),
+                         [](const ::testing::TestParamInfo<TypeCase>& info) {
+                           return std::string(KvTypeName(info.param.types.k)) + "_" +
+                                  BlockCodecName(info.param.codec);
+                         });
+
+// The file of the first block of prompt under dir.
+std::string FirstBlockFile(Engine& engine, const std::string& dir,
+                           const std::vector<int32_t>& prompt, const BlockHash& key = {}) {
+  return dir + "/" + BlockHashHex(engine.PromptBlockHashes(prompt, key).at(0)) + ".kvb";
+}
+
+std::vector<uint8_t> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void WriteAll(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Every way a stored block can be wrong, applied to the first block of the first prompt: the
+// next engine must not load it (nor, the chain broken, the blocks after it), must count it as
+// corrupt, remove it, and give the cold run's tokens.
+TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  auto other_model = testing::LoadTestModel("stories-hd64-3M.gguf");
+  const KvTypes f32{KvType::kF32, KvType::kF32};
+  const auto prompts = Prompts(*model, 1);
+  const auto cold = Cold(*model, f32, prompts);
+  const BlockHash salted{0x5a17, 0x5a17};
+
+  // Pristine stores: this model and KV type (unsalted and salted), another KV type, another model.
+  TempDir good, salt, q8, other;
+  std::string good_file, salted_file, q8_file, other_file;
+  {
+    TierEngine e(*model, f32, good.path());
+    e.Serve(prompts);
+    e.engine().FlushTier(true);
+    good_file = FirstBlockFile(e.engine(), good.path(), prompts[0]);
+  }
+  {
+    TierEngine e(*model, f32, salt.path());
+    e.Serve(prompts, salted);
+    e.engine().FlushTier(true);
+    salted_file = FirstBlockFile(e.engine(), salt.path(), prompts[0], salted);
+  }
+  {
+    TierEngine e(*model, {KvType::kQ8_0, KvType::kQ8_0}, q8.path());
+    e.Serve(prompts);
+    e.engine().FlushTier(true);
+    q8_file = FirstBlockFile(e.engine(), q8.path(), prompts[0]);
+  }
+  if (other_model) {
+    TierEngine e(*other_model, f32, other.path());
+    e.Serve(prompts);
+    e.engine().FlushTier(true);
+    other_file = FirstBlockFile(e.engine(), other.path(), prompts[0]);
+  }
+  const std::vector<uint8_t> pristine = ReadAll(good_file);
+  ASSERT_GT(pristine.size(), 200u);
+
+  struct Damage {
+    const char* what;
+    std::function<void(const std::string& path)> apply;
+  };
+  const std::vector<Damage> damages = {
+      {"truncated to half", [&](const std::string& p) {
+         WriteAll(p, std::vector<uint8_t>(pristine.begin(), pristine.begin() + pristine.size() / 2));
+       }},
+      {"truncated to its header", [&](const std::string& p) {
+         WriteAll(p, std::vector<uint8_t>(pristine.begin(), pristine.begin() + 40));
+       }},
+      {"empty", [&](const std::string& p) { WriteAll(p, {}); }},
+      {"a flipped bit in the header", [&](const std::string& p) {
+         auto b = pristine;
+         b[24] ^= 0x10;
+         WriteAll(p, b);
+       }},
+      {"a flipped bit in the payload", [&](const std::string& p) {
+         auto b = pristine;
+         b[b.size() - 100] ^= 0x01;
+         WriteAll(p, b);
+       }},
+      {"a flipped checksum", [&](const std::string& p) {
+         auto b = pristine;
+         b.back() ^= 0x80;
+         WriteAll(p, b);
+       }},
+      {"a block of another cache_salt", [&](const std::string& p) { WriteAll(p, ReadAll(salted_file)); }},
+      {"a block of another KV type", [&](const std::string& p) { WriteAll(p, ReadAll(q8_file)); }},
+      {"a block of another model", [&](const std::string& p) {
+         if (!other_file.empty()) WriteAll(p, ReadAll(other_file));
+       }},
+      {"a directory", [&](const std::string& p) {
+         fs::remove(p);
+         fs::create_directory(p);
+       }},
+  };
+  for (const Damage& d : damages) {
+    if (std::string(d.what) == "a block of another model" && other_file.empty()) continue;
+    SCOPED_TRACE(d.what);
+    TempDir dir;
+    fs::copy(good.path(), dir.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    const std::string victim = dir.path() + "/" + fs::path(good_file).filename().string();
+    d.apply(victim);
+    TierEngine e(*model, f32, dir.path());
+    ASSERT_TRUE(e.ok());
+    const Served run = e.Serve(prompts);
+    EXPECT_EQ(run.tokens, cold);
+    EXPECT_EQ(run.tier.corrupt, 1);
+    EXPECT_EQ(run.tier.hits, 0);  // the chain broke at its first block: nothing loaded
+    EXPECT_EQ(run.disk_tokens[0], 0);
+    // Recomputed and written again (write-through): the next engine loads all of it.
+    e.engine().FlushTier(true);
+    EXPECT_EQ(ReadAll(victim), pristine);
+  }
+}
+
+// A store that stops accepting writes: serving goes on with the cold run's tokens, the tier says
+// it failed, and nothing crashes. Each case: the directory removed under a running engine, a
+// directory nobody may write into, a file size limit (a full disk: writes fail with EFBIG).
+TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const KvTypes f16{KvType::kF16, KvType::kF16};
+  const auto prompts = Prompts(*model);
+  const auto cold = Cold(*model, f16, prompts);
+  {
+    SCOPED_TRACE("vanished directory");
+    TempDir dir;
+    TierEngine e(*model, f16, dir.path() + "/store");
+    ASSERT_TRUE(e.ok());
+    fs::remove_all(dir.path() + "/store");
+    const Served run = e.Serve(prompts);
+    e.engine().FlushTier(true);
+    EXPECT_EQ(run.tokens, cold);
+    EXPECT_TRUE(e.engine().tier()->stats().failed);
+    EXPECT_EQ(e.engine().tier()->stats().blocks_written, 0);
+  }
+  {
+    // Root may write anywhere chmod forbids; /proc/self is a directory nobody may create files in.
+    SCOPED_TRACE("read-only directory");
+    TempDir dir;
+    std::string ro = dir.path();
+    if (::geteuid() == 0) {
+      ro = "/proc/self";
+    } else {
+      fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    }
+    TierEngine e(*model, f16, ro);
+    ASSERT_TRUE(e.ok());
+    const Served run = e.Serve(prompts);
+    e.engine().FlushTier(true);
+    EXPECT_EQ(run.tokens, cold);
+    EXPECT_TRUE(e.engine().tier()->stats().failed);
+  }
+  {
+    SCOPED_TRACE("full disk");
+    TempDir dir;
+    TierEngine e(*model, f16, dir.path());
+    ASSERT_TRUE(e.ok());
+    struct rlimit old;
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    struct rlimit small = old;
+    small.rlim_cur = 1000;  // smaller than any block file
+    auto previous = ::signal(SIGXFSZ, SIG_IGN);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    const Served run = e.Serve(prompts);
+    e.engine().FlushTier(true);
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    ::signal(SIGXFSZ, previous);
+    EXPECT_EQ(run.tokens, cold);
+    EXPECT_TRUE(e.engine().tier()->stats().failed);
+    EXPECT_EQ(e.engine().tier()->stats().blocks_written, 0);
+  }
+}
+
+// In one engine: blocks that left the RAM pool (LRU reuse under a small pool, or a reset of the
+// prefix cache) come back from disk, under both policies; write-back writes a block only as it
+// leaves RAM.
+TEST(KvTier, BlocksThatLeftRamComeBackFromDisk) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const KvTypes f16{KvType::kF16, KvType::kF16};
+  const auto prompts = Prompts(*model, 4);
+  const auto cold = Cold(*model, f16, prompts);
+  for (KvDiskPolicy policy : {KvDiskPolicy::kWriteThrough, KvDiskPolicy::kWriteBack}) {
+    SCOPED_TRACE(policy == KvDiskPolicy::kWriteThrough ? "write-through" : "write-back");
+    TempDir dir;
+    KvTierConfig tier;
+    tier.policy = policy;
+    // 12 usable blocks: one prompt (5 blocks with its output) at a time, and little else.
+    TierEngine e(*model, f16, dir.path(), 13, tier);
+    ASSERT_TRUE(e.ok());
+    Served run = e.Serve({prompts[0]});
+    const int64_t written_after_one = e.engine().tier()->stats().blocks_written;
+    if (policy == KvDiskPolicy::kWriteBack) {
+      e.engine().tier()->WaitForWrites(10000);
+      EXPECT_EQ(e.engine().tier()->stats().blocks_written, 0);  // all of it still in RAM
+    } else {
+      e.engine().tier()->WaitForWrites(10000);
+      EXPECT_EQ(e.engine().tier()->stats().blocks_written, 4);
+    }
+    (void)written_after_one;
+    // Three other prompts push the first out of the pool; then it comes back from disk.
+    run = e.Serve({prompts[1], prompts[2], prompts[3]});
+    EXPECT_EQ(run.tokens, std::vector<std::vector<int32_t>>(cold.begin() + 1, cold.end()));
+    e.engine().tier()->WaitForWrites(10000);
+    run = e.Serve({prompts[0]});
+    EXPECT_EQ(run.tokens[0], cold[0]);
+    EXPECT_EQ(run.disk_tokens[0], 64);
+    // A reset of the prefix cache drops RAM's copy; the disk's serves it again.
+    e.engine().ResetPrefixCache();
+    e.engine().tier()->WaitForWrites(10000);
+    const int64_t hits = e.engine().tier()->stats().hits;
+    run = e.Serve({prompts[0]});
+    EXPECT_EQ(run.tokens[0], cold[0]);
+    EXPECT_EQ(run.tier.hits, hits + 4);
+    EXPECT_EQ(run.tier.corrupt, 0);
+  }
+}
+
+}  // namespace
+}  // namespace kvs
