@@ -1,7 +1,8 @@
 // `kvserve bench serve`: a bounded loopback load generator for any OpenAI-compatible server
 // (kvserve, llama-server, vLLM). Streams /v1/completions with token-id prompts of a stated
 // length distribution (fixed seed), at most C requests in flight, optionally Poisson arrivals
-// at R requests/s; reports TTFT, TPOT, ITL percentiles, throughput and errors.
+// at R requests/s; reports TTFT, TPOT, ITL percentiles, throughput, errors and the share of
+// prompt tokens the server says came from its prefix cache.
 #include <httplib.h>
 
 #include <algorithm>
@@ -37,10 +38,15 @@ struct ServeBenchArgs {
   bool json = false;
   // random: independent prompts (no reuse). shared-prefix: one --prefix-tokens system prompt,
   // then --requests different questions of --prompt-tokens; the first runs alone (cold), the
-  // rest after it (warm). multi-turn: --conversations chats of --turns turns, each turn
-  // resending the whole history as text plus a new user turn of --prompt-tokens words.
+  // rest after it (warm). With --prefixes N > 1 there are N such prompts, request i using
+  // prompt i mod N, none warmed first: each comes back after N - 1 others, which is what
+  // shows how many prefixes the server's KV cache (and any tier below it) keeps.
+  // multi-turn: --conversations chats of --turns turns, each turn resending the whole
+  // history as text plus a new user turn of --prompt-tokens words.
   std::string workload = "random";
   int32_t prefix_tokens = 2000;
+  int32_t prefixes = 1;
+  bool prefixes_given = false;
   int32_t conversations = 8;
   int32_t turns = 6;
 };
@@ -50,7 +56,8 @@ struct Outcome {
   std::string error;
   int32_t prompt_tokens = 0;
   int32_t output_tokens = 0;
-  std::string text;  // what was streamed
+  int32_t cached_tokens = -1;  // usage.prompt_tokens_details.cached_tokens; -1: not reported
+  std::string text;            // what was streamed
   double ttft = 0, e2e = 0;
   std::vector<double> gaps;  // between content chunks
 };
@@ -112,8 +119,16 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const nlohmann
       if (chunk.contains("usage") && chunk.at("usage").is_object() &&
           chunk.at("usage").contains("completion_tokens")) {
         usage_tokens = chunk.at("usage").at("completion_tokens").get<int32_t>();
-        if (chunk.at("usage").contains("prompt_tokens")) {
-          o.prompt_tokens = chunk.at("usage").at("prompt_tokens").get<int32_t>();
+        const nlohmann::json& usage = chunk.at("usage");
+        if (usage.contains("prompt_tokens")) {
+          o.prompt_tokens = usage.at("prompt_tokens").get<int32_t>();
+        }
+        // OpenAI's format, which kvserve and vLLM follow; null or absent: not reported.
+        if (usage.contains("prompt_tokens_details") &&
+            usage.at("prompt_tokens_details").is_object() &&
+            usage.at("prompt_tokens_details").contains("cached_tokens") &&
+            usage.at("prompt_tokens_details").at("cached_tokens").is_number()) {
+          o.cached_tokens = usage.at("prompt_tokens_details").at("cached_tokens").get<int32_t>();
         }
       }
       if (!chunk.contains("choices") || !chunk.at("choices").is_array() ||
@@ -159,6 +174,12 @@ Outcome RunOne(const ServeBenchArgs& a, const std::string& model, const nlohmann
 }
 
 int RunServeBench(const ServeBenchArgs& a) {
+  if (a.prefixes_given && a.workload != "shared-prefix") {
+    std::fprintf(stderr,
+                 "error: --prefixes is only used with --workload shared-prefix (here: %s)\n",
+                 a.workload.c_str());
+    return 1;
+  }
   // The served model: its id and vocabulary (for random prompt tokens) from /v1/models.
   httplib::Client probe(a.url);
   probe.set_connection_timeout(10, 0);
@@ -192,14 +213,22 @@ int RunServeBench(const ServeBenchArgs& a) {
   };
   std::vector<Job> jobs;
   double t = 0;
-  std::vector<int32_t> prefix(a.workload == "shared-prefix" ? a.prefix_tokens : 0);
-  for (int32_t& id : prefix) id = token(rng);
+  // The shared prefixes, drawn before anything else so that one prefix (the default) gives the
+  // same prompts as before --prefixes existed; request i uses prefix i mod N, so more than
+  // --requests prefixes would never be sent and are not made.
+  const bool shared = a.workload == "shared-prefix";
+  const bool warm = shared && a.prefixes == 1;  // one prefix: computed by a first request
+  std::vector<std::vector<int32_t>> prefixes(shared ? std::min(a.prefixes, a.requests) : 0);
+  for (std::vector<int32_t>& prefix : prefixes) {
+    prefix.resize(a.prefix_tokens);
+    for (int32_t& id : prefix) id = token(rng);
+  }
   for (int32_t i = 0; i < a.requests && a.workload != "multi-turn"; ++i) {
     const int32_t p =
         std::max<int32_t>(1, std::lround(a.prompt_tokens * (a.sigma > 0 ? factor(rng) : 1)));
     const int32_t g =
         std::max<int32_t>(1, std::lround(a.gen_tokens * (a.sigma > 0 ? factor(rng) : 1)));
-    std::vector<int32_t> ids = prefix;
+    std::vector<int32_t> ids = shared ? prefixes[i % prefixes.size()] : std::vector<int32_t>{};
     for (int32_t k = 0; k < p; ++k) ids.push_back(token(rng));
     jobs.push_back(Job{ids, g, t});
     if (a.rate > 0) t += gap(rng);
@@ -208,7 +237,7 @@ int RunServeBench(const ServeBenchArgs& a) {
   std::vector<Outcome> outcomes(jobs.size());
   std::atomic<size_t> next{0};
   Outcome cold;
-  if (a.workload == "shared-prefix" && !jobs.empty()) {
+  if (warm && !jobs.empty()) {
     cold = RunOne(a, model, jobs[0].prompt, jobs[0].max_tokens);  // computes the shared prefix
     next = 1;
   }
@@ -254,10 +283,12 @@ int RunServeBench(const ServeBenchArgs& a) {
   }
   for (auto& w : workers) w.join();
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (a.workload == "shared-prefix" && !outcomes.empty()) outcomes.erase(outcomes.begin());
+  if (warm && !outcomes.empty()) outcomes.erase(outcomes.begin());
 
   std::vector<double> ttft, tpot, itl, e2e;
   int64_t out_tokens = 0, in_tokens = 0;
+  // Prefix-cache hits: cached over prompt tokens of the requests whose reply said how many.
+  int64_t cached_tokens = 0, cached_of = 0;
   int32_t errors = 0;
   std::string first_error;
   for (const Outcome& o : outcomes) {
@@ -271,7 +302,12 @@ int RunServeBench(const ServeBenchArgs& a) {
     for (double g : o.gaps) itl.push_back(g * 1e3);
     out_tokens += o.output_tokens;
     in_tokens += o.prompt_tokens;
+    if (o.cached_tokens >= 0) {
+      cached_tokens += o.cached_tokens;
+      cached_of += o.prompt_tokens;
+    }
   }
+  const double hit_rate = cached_of > 0 ? static_cast<double>(cached_tokens) / cached_of : -1.0;
   auto pct = [](const std::vector<double>& v) {
     return nlohmann::json{
         {"mean", v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size()},
@@ -297,15 +333,21 @@ int RunServeBench(const ServeBenchArgs& a) {
                       {"ttft_ms", pct(ttft)},
                       {"tpot_ms", pct(tpot)},
                       {"itl_ms", pct(itl)},
-                      {"e2e_ms", pct(e2e)}};
+                      {"e2e_ms", pct(e2e)},
+                      // -1: the server reported no usage.prompt_tokens_details.cached_tokens
+                      {"prefix_hit_rate", hit_rate},
+                      {"cached_tokens", cached_tokens}};
   if (!first_error.empty()) j["first_error"] = first_error;
   j["workload"] = a.workload;
   if (a.workload == "shared-prefix") {
     j["prefix_tokens"] = a.prefix_tokens;
-    j["ttft_cold_ms"] = cold.ok ? cold.ttft * 1e3 : -1.0;
-    j["cold_over_warm_ttft"] =
-        cold.ok && !ttft.empty() ? cold.ttft * 1e3 / Percentile(ttft, 50) : 0.0;
-    if (!cold.ok) ++errors;
+    j["prefixes"] = a.prefixes;
+    if (warm) {
+      j["ttft_cold_ms"] = cold.ok ? cold.ttft * 1e3 : -1.0;
+      j["cold_over_warm_ttft"] =
+          cold.ok && !ttft.empty() ? cold.ttft * 1e3 / Percentile(ttft, 50) : 0.0;
+      if (!cold.ok) ++errors;
+    }
   }
   if (a.workload == "multi-turn") {
     j["conversations"] = a.conversations;
@@ -329,10 +371,20 @@ int RunServeBench(const ServeBenchArgs& a) {
                   j[k]["p50"].get<double>(), j[k]["p90"].get<double>(), j[k]["p99"].get<double>());
     }
     if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
-    if (a.workload == "shared-prefix") {
+    if (warm) {
       std::printf("shared prefix of %d tokens: cold TTFT %.1f ms, warm TTFT p50 %.1f ms (%.1fx)\n",
                   a.prefix_tokens, j["ttft_cold_ms"].get<double>(),
                   j["ttft_ms"]["p50"].get<double>(), j["cold_over_warm_ttft"].get<double>());
+    } else if (shared) {
+      std::printf("%d shared prefixes of %d tokens, in turn, not warmed: TTFT mean %.1f ms\n",
+                  a.prefixes, a.prefix_tokens, j["ttft_ms"]["mean"].get<double>());
+    }
+    if (hit_rate >= 0) {
+      std::printf("prefix cache: %lld of %lld prompt tokens cached (hit rate %.3f)\n",
+                  static_cast<long long>(cached_tokens), static_cast<long long>(cached_of),
+                  hit_rate);
+    } else {
+      std::printf("prefix cache: the server reported no cached_tokens\n");
     }
   }
   return errors == 0 ? 0 : 3;
@@ -366,15 +418,20 @@ Runner AddServeBenchCommand(CLI::App* bench) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3.0));
   cmd->add_option("-s,--seed", a->seed, "Workload seed")->capture_default_str();
-  cmd->add_option(
-         "--workload", a->workload,
-         "random | shared-prefix (one --prefix-tokens prompt, then --requests questions) | "
-         "multi-turn (--conversations x --turns, history resent as text)")
+  cmd->add_option("--workload", a->workload,
+                  "random | shared-prefix (--prefixes prompts of --prefix-tokens, then --requests "
+                  "questions) | multi-turn (--conversations x --turns, history resent as text)")
       ->capture_default_str()
       ->check(CLI::IsMember({"random", "shared-prefix", "multi-turn"}));
   cmd->add_option("--prefix-tokens", a->prefix_tokens, "Shared prefix length (shared-prefix)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  CLI::Option* prefixes =
+      cmd->add_option("--prefixes", a->prefixes,
+                      "Distinct shared prefixes, request i using prefix i mod N (shared-prefix); "
+                      "1: warmed by a first request left out of the figures, more: none warmed")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 100000));
   cmd->add_option("--conversations", a->conversations, "Chats at once (multi-turn)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -382,7 +439,11 @@ Runner AddServeBenchCommand(CLI::App* bench) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", a->json, "Print one JSON object");
-  return [a, cmd]() -> int { return cmd->parsed() ? RunServeBench(*a) : -1; };
+  return [a, cmd, prefixes]() -> int {
+    if (!cmd->parsed()) return -1;
+    a->prefixes_given = prefixes->count() > 0;
+    return RunServeBench(*a);
+  };
 }
 
 }  // namespace kvs::cli
