@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,7 +53,8 @@ std::vector<std::vector<int32_t>> Prompts(const Model& model, int32_t n = 3) {
   std::vector<std::vector<int32_t>> prompts;
   for (int32_t p = 0; p < n; ++p) {
     std::vector<int32_t> prompt = {1};
-    for (int32_t i = 1; i < 70 + p; ++i) prompt.push_back(3 + (p * 97 + i * 31 + i * i * 7) % vocab);
+    for (int32_t i = 1; i < 70 + p; ++i)
+      prompt.push_back(3 + (p * 97 + i * 31 + i * i * 7) % vocab);
     prompts.push_back(prompt);
   }
   return prompts;
@@ -183,7 +184,8 @@ std::vector<uint8_t> ReadAll(const std::string& path) {
 }
 void WriteAll(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 // Every way a stored block can be wrong, applied to the first block of the first prompt: the
@@ -233,34 +235,43 @@ TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
     std::function<void(const std::string& path)> apply;
   };
   const std::vector<Damage> damages = {
-      {"truncated to half", [&](const std::string& p) {
-         WriteAll(p, std::vector<uint8_t>(pristine.begin(), pristine.begin() + pristine.size() / 2));
+      {"truncated to half",
+       [&](const std::string& p) {
+         WriteAll(p,
+                  std::vector<uint8_t>(pristine.begin(), pristine.begin() + pristine.size() / 2));
        }},
-      {"truncated to its header", [&](const std::string& p) {
+      {"truncated to its header",
+       [&](const std::string& p) {
          WriteAll(p, std::vector<uint8_t>(pristine.begin(), pristine.begin() + 40));
        }},
       {"empty", [&](const std::string& p) { WriteAll(p, {}); }},
-      {"a flipped bit in the header", [&](const std::string& p) {
+      {"a flipped bit in the header",
+       [&](const std::string& p) {
          auto b = pristine;
          b[24] ^= 0x10;
          WriteAll(p, b);
        }},
-      {"a flipped bit in the payload", [&](const std::string& p) {
+      {"a flipped bit in the payload",
+       [&](const std::string& p) {
          auto b = pristine;
          b[b.size() - 100] ^= 0x01;
          WriteAll(p, b);
        }},
-      {"a flipped checksum", [&](const std::string& p) {
+      {"a flipped checksum",
+       [&](const std::string& p) {
          auto b = pristine;
          b.back() ^= 0x80;
          WriteAll(p, b);
        }},
-      {"a block of another cache_salt", [&](const std::string& p) { WriteAll(p, ReadAll(salted_file)); }},
+      {"a block of another cache_salt",
+       [&](const std::string& p) { WriteAll(p, ReadAll(salted_file)); }},
       {"a block of another KV type", [&](const std::string& p) { WriteAll(p, ReadAll(q8_file)); }},
-      {"a block of another model", [&](const std::string& p) {
+      {"a block of another model",
+       [&](const std::string& p) {
          if (!other_file.empty()) WriteAll(p, ReadAll(other_file));
        }},
-      {"a directory", [&](const std::string& p) {
+      {"a directory",
+       [&](const std::string& p) {
          fs::remove(p);
          fs::create_directory(p);
        }},
@@ -269,7 +280,8 @@ TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
     if (std::string(d.what) == "a block of another model" && other_file.empty()) continue;
     SCOPED_TRACE(d.what);
     TempDir dir;
-    fs::copy(good.path(), dir.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    fs::copy(good.path(), dir.path(),
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
     const std::string victim = dir.path() + "/" + fs::path(good_file).filename().string();
     d.apply(victim);
     TierEngine e(*model, f32, dir.path());

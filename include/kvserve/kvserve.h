@@ -178,6 +178,7 @@ struct EngineStats {
   int64_t kv_disk_misses = 0;   // blocks past the RAM prefix cache that the disk lacked too
   int64_t kv_disk_corrupt = 0;  // stored blocks that failed a check (never loaded; removed)
   int64_t kv_disk_bytes_read = 0;
+  double kv_disk_read_seconds = 0;  // the loader's busy time: bytes_read / it is its read rate
   int64_t kv_disk_bytes_written = 0;
   int64_t kv_disk_payload_bytes_written = 0;  // the KV bytes in them (the codec's ratio)
   int64_t kv_disk_dropped = 0;  // blocks not written (write queue full, or the tier off)

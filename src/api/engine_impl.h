@@ -1,5 +1,5 @@
-// The state behind kvserve::Model and kvserve::Engine, shared by the API's source files (kvserve.cc: requests and
-// stats; kv_documents_api.cc: KV documents).
+// The state behind kvserve::Model and kvserve::Engine, shared by the API's source files
+// (kvserve.cc: requests and stats; kv_documents_api.cc: KV documents).
 #pragma once
 
 #include <map>

@@ -26,9 +26,14 @@ KvDocumentInfo ToInfo(const kvs::KvDocument& doc, const kvs::DiskBlockStore& sto
 
 int32_t Engine::ResetPrefixCache() {
   int32_t dropped = 0;
-  auto done = impl_->engine->RunOnLoop([&dropped](kvs::Engine& e) { dropped = e.ResetPrefixCache(); });
   try {
-    done.get();
+    // With a disk tier, what RAM drops is on disk first: offers (write-back) on the loop thread,
+    // the wait for the writer here (decodes go on meanwhile), then the drop.
+    if (kvs::KvTier* tier = impl_->engine->tier()) {
+      impl_->engine->RunOnLoop([](kvs::Engine& e) { e.FlushTier(/*wait=*/false); }).get();
+      tier->WaitForWrites(tier->config().flush_timeout_ms);
+    }
+    impl_->engine->RunOnLoop([&dropped](kvs::Engine& e) { dropped = e.ResetPrefixCache(); }).get();
   } catch (const std::future_error&) {
     return 0;  // shutting down
   }
@@ -85,12 +90,12 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
   std::future<std::string> result = finished->get_future();
   const std::vector<int32_t> prompt = tokens;
   auto id = impl_->engine->Submit(std::move(tokens), request, [finished](const kvs::TokenEvent& e) {
-    if (e.finished) finished->set_value(e.reason == kvs::FinishReason::kError ||
-                                                e.reason == kvs::FinishReason::kCancelled
-                                            ? "the prefill ended: " + (e.error.empty()
-                                                                           ? std::string(kvs::FinishReasonName(e.reason))
-                                                                           : e.error)
-                                            : std::string());
+    if (e.finished)
+      finished->set_value(
+          e.reason == kvs::FinishReason::kError || e.reason == kvs::FinishReason::kCancelled
+              ? "the prefill ended: " +
+                    (e.error.empty() ? std::string(kvs::FinishReasonName(e.reason)) : e.error)
+              : std::string());
   });
   if (!id.ok()) {
     *error = id.error();
@@ -105,7 +110,8 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
       std::lock_guard<std::mutex> lock(impl_->saving_mu);
       impl_->saving[name] = {on_disk, static_cast<int32_t>(hashes.size())};
     }
-    if (progress && (final || !hashes.empty())) progress(on_disk, static_cast<int32_t>(hashes.size()));
+    if (progress && (final || !hashes.empty()))
+      progress(on_disk, static_cast<int32_t>(hashes.size()));
     return on_disk;
   };
   {
@@ -121,12 +127,14 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
       return false;
     }
   }
-  while (result.wait_for(std::chrono::milliseconds(500)) != std::future_status::ready) report(false);
+  while (result.wait_for(std::chrono::milliseconds(500)) != std::future_status::ready)
+    report(false);
   if (std::string why = result.get(); !why.empty()) {
     *error = why;
     return false;
   }
-  auto offered = impl_->engine->RunOnLoop([&](kvs::Engine& e) { e.tier()->Persist(e.kv(), hashes); });
+  auto offered =
+      impl_->engine->RunOnLoop([&](kvs::Engine& e) { e.tier()->Persist(e.kv(), hashes); });
   try {
     offered.get();
   } catch (const std::future_error&) {
@@ -179,8 +187,7 @@ std::vector<KvDocumentInfo> Engine::ListKvDocuments() const {
   return out;
 }
 
-bool Engine::GetKvDocument(const std::string& name, KvDocumentInfo* out,
-                           std::string* error) const {
+bool Engine::GetKvDocument(const std::string& name, KvDocumentInfo* out, std::string* error) const {
   for (KvDocumentInfo& info : ListKvDocuments()) {
     if (info.name == name) {
       *out = std::move(info);

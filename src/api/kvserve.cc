@@ -7,12 +7,12 @@
 #include <mutex>
 #include <new>
 
+#include "api/engine_impl.h"
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
-#include "api/engine_impl.h"
 #include "model/compressed_view.h"
 #include "tokenizer/tokenizer.h"
 
@@ -99,7 +99,6 @@ double Model::kv_bytes_per_token(const std::string& cache_type_k,
   return g ? g->BytesPerToken() : -1.0;
 }
 
-
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Digest128& weights,
                                      const kvs::KvFormat& format,
                                      const std::vector<int32_t>& end_of_generation) {
@@ -125,7 +124,6 @@ kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Dige
   }
   return r;
 }
-
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
@@ -391,6 +389,7 @@ EngineStats Engine::stats() const {
     s.kv_disk_misses = t.misses;
     s.kv_disk_corrupt = t.corrupt;
     s.kv_disk_bytes_read = t.bytes_read;
+    s.kv_disk_read_seconds = t.load_seconds;
     s.kv_disk_bytes_written = t.bytes_written;
     s.kv_disk_payload_bytes_written = t.payload_bytes_written;
     s.kv_disk_dropped = t.dropped;

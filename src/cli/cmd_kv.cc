@@ -104,7 +104,8 @@ int RunList(const KvArgs& a) {
     return 1;
   }
   nlohmann::json list = nlohmann::json::array();
-  if (!a.json) std::printf("%-32s %8s %7s %8s  %s\n", "NAME", "TOKENS", "BLOCKS", "ON DISK", "MODEL");
+  if (!a.json)
+    std::printf("%-32s %8s %7s %8s  %s\n", "NAME", "TOKENS", "BLOCKS", "ON DISK", "MODEL");
   for (const KvDocument& d : (*docs)->List()) {
     int32_t on_disk = 0;
     for (const BlockHash& h : d.blocks) on_disk += StoredBlock(a.dir, h) ? 1 : 0;
@@ -150,9 +151,11 @@ Runner AddKvCommand(CLI::App& root) {
   CLI::App* kv = root.add_subcommand("kv", "KV documents on a disk tier: save, ls, rm");
   kv->require_subcommand(1);
   CLI::App* save = kv->add_subcommand(
-      "save", "Prefill a document into --kv-disk DIR and pin its blocks, so that prompts "
-              "starting with it load its KV instead of recomputing it");
-  save->add_option("-m,--model", a->model, "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
+      "save",
+      "Prefill a document into --kv-disk DIR and pin its blocks, so that prompts "
+      "starting with it load its KV instead of recomputing it");
+  save->add_option("-m,--model", a->model,
+                   "GGUF model file (default: $KVSERVE_MODEL or stories260K)");
   save->add_option("-f,--file", a->file, std::string("The document's text: ") + kInputFileHelp);
   save->add_option("-p,--prompt", a->prompt, "The document's text, given inline");
   save->add_option("--name", a->name, "The document's name ([A-Za-z0-9._-], at most 128)")

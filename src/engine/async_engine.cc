@@ -115,10 +115,10 @@ void AsyncEngine::Loop() {
       if (engine_.tier()) {
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t offered = engine_.FlushTier(/*wait=*/true);
-        KVS_LOG_INFO("kv disk: flushed %lld blocks in %.0f ms", static_cast<long long>(offered),
-                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                               t0)
-                         .count());
+        KVS_LOG_INFO(
+            "kv disk: flushed %lld blocks in %.0f ms", static_cast<long long>(offered),
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
       }
       return;
     }

@@ -303,8 +303,9 @@ bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
 
 void Engine::AttachTier(std::unique_ptr<KvTier> tier) {
   tier_ = std::move(tier);
-  kv_.set_uncache_listener(
-      [this](BlockId id, const BlockHash& hash, bool reused) { tier_->OnUncache(id, hash, reused); });
+  kv_.set_uncache_listener([this](BlockId id, const BlockHash& hash, bool reused) {
+    tier_->OnUncache(id, hash, reused);
+  });
 }
 
 int64_t Engine::FlushTier(bool wait) {

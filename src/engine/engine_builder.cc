@@ -164,14 +164,13 @@ Expected<std::unique_ptr<KvTier>> EngineBuilder::Tier(const EngineConfig& config
                            });
   if (!tier.ok()) return tier.status();
   const KvTierStats s = (*tier)->stats();
-  KVS_LOG_INFO("kv disk: %s holds %lld blocks (%.1f MiB of %.1f GiB; indexed in %.0f ms), %s, %s",
-               dir.c_str(), static_cast<long long>(s.blocks_stored), s.usage_bytes / 1048576.0,
-               (*tier)->config().capacity_bytes / 1073741824.0,
-               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                   .count(),
-               config.kv_disk.policy == KvDiskPolicy::kWriteThrough ? "write-through"
-                                                                    : "write-back",
-               BlockCodecName(config.kv_disk.codec));
+  KVS_LOG_INFO(
+      "kv disk: %s holds %lld blocks (%.1f MiB of %.1f GiB; indexed in %.0f ms), %s, %s",
+      dir.c_str(), static_cast<long long>(s.blocks_stored), s.usage_bytes / 1048576.0,
+      (*tier)->config().capacity_bytes / 1073741824.0,
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+      config.kv_disk.policy == KvDiskPolicy::kWriteThrough ? "write-through" : "write-back",
+      BlockCodecName(config.kv_disk.codec));
   return tier;
 }
 

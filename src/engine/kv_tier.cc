@@ -46,13 +46,14 @@ KvTier::KvTier(const KvTierConfig& config, const BlockIdentity& identity, KvStor
     : config_(config), identity_(identity), storage_(storage), store_(std::move(store)) {
   const int64_t block_bytes = static_cast<int64_t>(storage_.geometry().BytesPerBlock());
   const int64_t queued = std::max<int64_t>(16, config_.write_queue_bytes / block_bytes);
-  writer_ = std::make_unique<BlockWriter>(*store_, static_cast<int32_t>(std::min<int64_t>(
-                                                        queued, 1 << 20)));
-  loader_ = std::make_unique<BlockLoader>(
-      *store_, identity_, [this](BlockId id, std::span<const uint8_t> payload) {
-        // The block is held for this load: no step reads or writes it meanwhile.
-        return storage_.WriteBlock(id.value, payload);
-      });
+  writer_ = std::make_unique<BlockWriter>(*store_,
+                                          static_cast<int32_t>(std::min<int64_t>(queued, 1 << 20)));
+  loader_ = std::make_unique<BlockLoader>(*store_, identity_,
+                                          [this](BlockId id, std::span<const uint8_t> payload) {
+                                            // The block is held for this load: no step reads or
+                                            // writes it meanwhile.
+                                            return storage_.WriteBlock(id.value, payload);
+                                          });
   corrupt_ = store_->rejected_at_open();
 }
 
@@ -69,6 +70,7 @@ KvTierStats KvTier::stats() const {
   s.corrupt = corrupt_;
   s.bytes_read = bytes_read_;
   s.loaded_tokens = loaded_tokens_;
+  s.load_seconds = static_cast<double>(load_ns_) * 1e-9;
   s.bytes_written = w.bytes_written;
   s.payload_bytes_written = w.payload_bytes;
   s.blocks_written = w.written;
@@ -99,9 +101,9 @@ void KvTier::AfterCommit(Sequence& seq, const KvCacheManager& kv) {
   for (int32_t i = seq.tier_seen; i < n; ++i) {
     const BlockHash& hash = table.hashes[i];
     if (unsaved_.contains(hash) || Stored(hash)) continue;
-    BlockMeta meta{i == 0 ? BlockHash{} : table.hashes[i - 1],
-                   std::vector<int32_t>(seq.tokens.begin() + i * bs,
-                                        seq.tokens.begin() + (i + 1) * bs)};
+    BlockMeta meta{
+        i == 0 ? BlockHash{} : table.hashes[i - 1],
+        std::vector<int32_t>(seq.tokens.begin() + i * bs, seq.tokens.begin() + (i + 1) * bs)};
     if (config_.policy == KvDiskPolicy::kWriteThrough && Offer(table.blocks[i], hash, meta)) {
       continue;
     }
@@ -131,6 +133,7 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     corrupt_ += r.corrupt;
     bytes_read_ += r.bytes_read;
     loaded_tokens_ += int64_t{r.n_loaded} * bs;
+    load_ns_ += static_cast<int64_t>(r.seconds * 1e9);
     if (r.corrupt) {
       KVS_LOG_WARN("kv disk: a stored block failed a check and was removed (recomputed): %s",
                    r.error.c_str());

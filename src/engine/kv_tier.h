@@ -66,7 +66,8 @@ struct KvTierStats {
   int64_t usage_bytes = 0;
   int64_t blocks_stored = 0;
   int64_t loaded_tokens = 0;
-  bool failed = false;  // the tier turned itself off (a full, read-only or vanished directory)
+  double load_seconds = 0;  // the loader's busy time (bytes_read / load_seconds: its read rate)
+  bool failed = false;      // the tier turned itself off (a full, read-only or vanished directory)
 };
 
 class KvTier {
@@ -136,6 +137,7 @@ class KvTier {
   uint64_t next_ticket_ = 1;
   std::vector<uint8_t> scratch_;
   std::atomic<int64_t> hits_{0}, misses_{0}, corrupt_{0}, bytes_read_{0}, loaded_tokens_{0};
+  std::atomic<int64_t> load_ns_{0};
   bool reported_failure_ = false;
 };
 

@@ -98,7 +98,9 @@ void BlockLoader::Loop() {
     LoadJob job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
     LoadResult result = Run(job);
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     done_.push_back(std::move(result));
     done_cv_.notify_all();

@@ -25,8 +25,8 @@
 namespace kvs {
 
 struct LoadJob {
-  uint64_t ticket = 0;  // the caller's
-  std::vector<BlockId> blocks;   // [n] pool blocks to fill, held for the job
+  uint64_t ticket = 0;            // the caller's
+  std::vector<BlockId> blocks;    // [n] pool blocks to fill, held for the job
   std::vector<BlockHash> hashes;  // [n] their chain hashes
   BlockHash first_parent;         // the chain hash before hashes[0] (zero at the prompt's start)
   std::vector<int32_t> tokens;    // [n][block_size] the token ids each block must hold
@@ -34,11 +34,12 @@ struct LoadJob {
 
 struct LoadResult {
   uint64_t ticket = 0;
-  int32_t n_loaded = 0;     // blocks [0, n_loaded) hold their hashes' KV
-  int64_t bytes_read = 0;   // file bytes read
-  int32_t corrupt = 0;      // 0 or 1: the block that ended the job failed a check
-  int32_t missing = 0;      // 0 or 1: the block that ended the job was no longer stored
-  std::string error;        // why the job ended early
+  int32_t n_loaded = 0;    // blocks [0, n_loaded) hold their hashes' KV
+  int64_t bytes_read = 0;  // file bytes read
+  int32_t corrupt = 0;     // 0 or 1: the block that ended the job failed a check
+  int32_t missing = 0;     // 0 or 1: the block that ended the job was no longer stored
+  std::string error;       // why the job ended early
+  double seconds = 0;      // spent reading, checking and copying
 };
 
 class BlockLoader {

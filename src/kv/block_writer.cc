@@ -27,8 +27,7 @@ bool BlockWriter::Offer(const BlockHash& hash, std::vector<uint8_t> file) {
   return Enqueue(Job{hash, std::move(file), std::nullopt, 0});
 }
 
-bool BlockWriter::OfferBlock(BlockFileHeader header, std::vector<uint8_t> payload,
-                             int zstd_level) {
+bool BlockWriter::OfferBlock(BlockFileHeader header, std::vector<uint8_t> payload, int zstd_level) {
   const BlockHash hash = header.hash;
   return Enqueue(Job{hash, std::move(payload), std::move(header), zstd_level});
 }

@@ -70,7 +70,7 @@ class BlockWriter {
   std::condition_variable work_, idle_;
   std::deque<Job> queue_;
   std::unordered_set<BlockHash, BlockHashHasher> pending_;  // queued or being written
-  bool busy_ = false;  // a job is being written
+  bool busy_ = false;                                       // a job is being written
   bool stop_ = false;
   BlockWriterStats stats_;
   std::string failure_;

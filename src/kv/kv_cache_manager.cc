@@ -119,8 +119,8 @@ bool KvCacheManager::HoldBlocks(int32_t n, std::vector<BlockId>* out) {
   return true;
 }
 
-void KvCacheManager::ReleaseHeld(std::span<const BlockId> blocks,
-                                 std::span<const BlockHash> hashes, int32_t n_loaded) {
+void KvCacheManager::ReleaseHeld(std::span<const BlockId> blocks, std::span<const BlockHash> hashes,
+                                 int32_t n_loaded) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockId id = blocks[i];
     KVS_CHECK(held_[id.value] == 1);

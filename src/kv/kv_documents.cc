@@ -59,8 +59,8 @@ Status KvDocuments::Put(const KvDocument& doc) {
   KVS_RETURN_IF_ERROR(ValidateDocumentName(doc.name));
   nlohmann::json blocks = nlohmann::json::array();
   for (const BlockHash& h : doc.blocks) blocks.push_back(BlockHashHex(h));
-  const nlohmann::json j = {{"name", doc.name},         {"tokens", doc.n_tokens},
-                            {"blocks", blocks},         {"model", doc.model},
+  const nlohmann::json j = {{"name", doc.name},           {"tokens", doc.n_tokens},
+                            {"blocks", blocks},           {"model", doc.model},
                             {"kv_format", doc.kv_format}, {"created", doc.created}};
   const std::string text = j.dump(1) + "\n";
   std::lock_guard<std::mutex> lock(mu_);

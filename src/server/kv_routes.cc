@@ -14,10 +14,9 @@ void SendError(http::Response& res, const ApiError& e) {
 }
 
 nlohmann::json DocumentJson(const kvserve::KvDocumentInfo& d) {
-  return {{"object", "kv.document"},   {"name", d.name},
-          {"status", d.status},        {"tokens", d.tokens},
-          {"blocks", d.blocks},        {"blocks_on_disk", d.blocks_on_disk},
-          {"created", d.created},       {"model", d.model}};
+  return {{"object", "kv.document"}, {"name", d.name},     {"status", d.status},
+          {"tokens", d.tokens},      {"blocks", d.blocks}, {"blocks_on_disk", d.blocks_on_disk},
+          {"created", d.created},    {"model", d.model}};
 }
 
 ApiError BadRequest(const std::string& message, const std::string& param = {}) {
@@ -49,8 +48,8 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
         return SendError(res, ApiError{absent ? 404 : 400, "invalid_request_error", error, "name",
                                        absent ? "not_found" : ""});
       }
-      res.body = Dump(nlohmann::json{{"object", "kv.document.deleted"}, {"name", name},
-                                     {"deleted", true}});
+      res.body = Dump(
+          nlohmann::json{{"object", "kv.document.deleted"}, {"name", name}, {"deleted", true}});
       return;
     }
     if (!engine_->GetKvDocument(name, &info, &error)) {
@@ -78,11 +77,11 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
     return SendError(res, BadRequest("'name' is required: a string", "name"));
   }
   const std::string name = *name_it;
-  const int given = int(body.contains("prompt")) + int(body.contains("tokens")) +
-                    int(body.contains("messages"));
+  const int given =
+      int(body.contains("prompt")) + int(body.contains("tokens")) + int(body.contains("messages"));
   if (given != 1) {
-    return SendError(res, BadRequest("give exactly one of 'prompt', 'tokens' or 'messages'",
-                                     "prompt"));
+    return SendError(res,
+                     BadRequest("give exactly one of 'prompt', 'tokens' or 'messages'", "prompt"));
   }
   // The completion parser checks the prompt, its token ids and cache_salt as a request's.
   nlohmann::json request = nlohmann::json::object();
@@ -106,10 +105,10 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
     tokens = parsed.prompt_ids;
     for (int32_t t : tokens) {
       if (t >= model_->n_vocab()) {
-        return SendError(res, BadRequest("token id " + std::to_string(t) +
-                                             " is outside the vocabulary (0.." +
-                                             std::to_string(model_->n_vocab() - 1) + ")",
-                                         "tokens"));
+        return SendError(
+            res, BadRequest("token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                                std::to_string(model_->n_vocab() - 1) + ")",
+                            "tokens"));
       }
     }
   } else {
@@ -122,8 +121,10 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
                              error.find("shutting down") != std::string::npos;
     const bool busy = error.find("is being saved") != std::string::npos;
     return SendError(res, ApiError{server_side ? 503 : (busy ? 409 : 400),
-                                   server_side ? "server_error" : "invalid_request_error", error,
-                                   server_side ? "" : "name", {}});
+                                   server_side ? "server_error" : "invalid_request_error",
+                                   error,
+                                   server_side ? "" : "name",
+                                   {}});
   }
   KVS_LOG_INFO("kv documents: saved %s (%d tokens, %d blocks)", info.name.c_str(), info.tokens,
                info.blocks);

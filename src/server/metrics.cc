@@ -120,6 +120,9 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
           static_cast<double>(s.kv_disk_corrupt));
     gauge("kv_disk_bytes_read_total", "counter", "Bytes of KV block files read.",
           static_cast<double>(s.kv_disk_bytes_read));
+    gauge("kv_disk_read_seconds_total", "counter",
+          "Seconds the loader spent reading, checking and copying blocks into the pool.",
+          s.kv_disk_read_seconds);
     gauge("kv_disk_bytes_written_total", "counter", "Bytes of KV block files written.",
           static_cast<double>(s.kv_disk_bytes_written));
     gauge("kv_disk_dropped_total", "counter",
