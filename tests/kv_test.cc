@@ -316,6 +316,60 @@ TEST(PrefixCache, HitsAfterTheOwnerFinishedAndLruEvictionTailFirst) {
   EXPECT_EQ(kv.num_free_blocks(), 5);
 }
 
+// A lower tier's load (engine/kv_tier.h): blocks held outside any table while the loader fills
+// them, then indexed (the loaded ones) and freed last first; the uncache listener sees each
+// indexed block that LRU hands out again while its bytes are still whole.
+TEST(PrefixCache, HeldLoadsEnterTheIndexAndReuseIsReported) {
+  KvCacheManager kv(9, 4);  // 8 usable blocks
+  kv.set_prefix_caching(true);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  std::vector<std::pair<int32_t, bool>> uncached;
+  kv.set_uncache_listener([&](BlockId id, const BlockHash&, bool reused) {
+    uncached.push_back({id.value, reused});
+  });
+  const std::vector<int32_t> a = Tokens(12, 100);  // blocks 1 2 3
+  Serve(kv, SeqId{1}, a, key);
+  kv.Free(SeqId{1});  // free list: 4 5 6 7 8, then 3 2 1
+  // A load of three blocks for another prompt takes the head of the free list.
+  const std::vector<int32_t> b = Tokens(13, 500);
+  std::vector<BlockHash> hashes;
+  kv.HashFullBlocks(b.data(), 13, key, &hashes);
+  std::vector<BlockId> held;
+  ASSERT_TRUE(kv.HoldBlocks(3, &held));
+  EXPECT_EQ(Raw(held), (Ids{4, 5, 6}));
+  EXPECT_EQ(kv.num_held_blocks(), 3);
+  EXPECT_TRUE(kv.VerifyIntegrity().ok()) << kv.VerifyIntegrity().message();
+  EXPECT_TRUE(uncached.empty());  // none of them was indexed
+  // Two of the three loaded (the third failed a check): those two enter the index.
+  kv.ReleaseHeld(held, hashes, 2);
+  EXPECT_EQ(kv.num_held_blocks(), 0);
+  EXPECT_TRUE(kv.VerifyIntegrity().ok()) << kv.VerifyIntegrity().message();
+  EXPECT_EQ(kv.num_cached_blocks(), 5);
+  const PrefixMatch m = kv.Match(hashes, 13);
+  EXPECT_EQ(Raw(m.blocks), (Ids{4, 5}));
+  EXPECT_EQ(m.n_free, 2);
+  // Free list now: 7 8 3 2 1, then 6 5 4 (released last first). Taking four blocks reuses 7 8
+  // (never indexed), then 3 and 2 (indexed: reported as reused, bytes still whole).
+  EXPECT_TRUE(Append(kv, SeqId{2}, 16));
+  EXPECT_EQ(Raw(kv.Table(SeqId{2}).blocks), (Ids{7, 8, 3, 2}));
+  EXPECT_EQ(uncached, (std::vector<std::pair<int32_t, bool>>{{3, true}, {2, true}}));
+  // A load whose hash is indexed already (computed meanwhile) stays private and is not indexed.
+  // (The free list's head is 1, a's first block: its reuse is reported too.)
+  std::vector<BlockId> again;
+  ASSERT_TRUE(kv.HoldBlocks(1, &again));
+  EXPECT_EQ(Raw(again), (Ids{1}));
+  EXPECT_EQ(uncached.back(), (std::pair<int32_t, bool>{1, true}));
+  kv.ReleaseHeld(again, std::vector<BlockHash>{hashes[0]}, 1);
+  EXPECT_EQ(*kv.CachedBlock(hashes[0]), BlockId{4});
+  // Dropping the unused indexed blocks (reset_prefix_cache) reports them as not reused.
+  uncached.clear();
+  EXPECT_EQ(kv.DropFreeCachedBlocks(), 2);  // 4, 5
+  EXPECT_EQ(kv.num_cached_blocks(), 0);
+  EXPECT_EQ(uncached.size(), 2u);
+  for (const auto& [id, reused] : uncached) EXPECT_FALSE(reused) << id;
+  EXPECT_TRUE(kv.VerifyIntegrity().ok());
+}
+
 TEST(PrefixCache, SaltsAndModelsNeverShare) {
   KvCacheManager kv(17, 4);
   kv.set_prefix_caching(true);
