@@ -3,6 +3,9 @@
 // restart), crash leftovers removed and foreign files left alone.
 #include "kv/block_store.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -91,9 +94,20 @@ TEST(DiskBlockStore, ReopenRebuildsTheIndexAndCleansCrashLeftovers) {
     ASSERT_TRUE((*store)->Put(a, Bytes(64, 1)).ok());
     ASSERT_TRUE((*store)->Put(b, Bytes(32, 2)).ok());
   }
-  // A crash mid-write leaves a temporary file; a user's file and a directory under a block's
-  // name are not blocks.
-  std::ofstream(dir.path() + "/." + BlockHashHex(a) + ".kvb.tmp.123.0") << "partial";
+  // A crash mid-write leaves a temporary file (its writer, a child that exited, is gone); a
+  // live process's temporary file (another server sharing the directory: our parent here) is
+  // its write in progress and stays; a user's file and a directory under a block's name are
+  // not blocks.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string dead =
+      dir.path() + "/." + BlockHashHex(a) + ".kvb.tmp." + std::to_string(child) + ".0";
+  const std::string live =
+      dir.path() + "/." + BlockHashHex(b) + ".kvb.tmp." + std::to_string(getppid()) + ".0";
+  std::ofstream(dead) << "partial";
+  std::ofstream(live) << "being written";
   std::ofstream(dir.path() + "/notes.txt") << "mine";
   ASSERT_EQ(mkdir((dir.path() + "/" + BlockHashHex(BlockHash{9, 9}) + ".kvb").c_str(), 0755), 0);
   auto store = DiskBlockStore::Open(dir.path(), 1 << 20);
@@ -102,7 +116,9 @@ TEST(DiskBlockStore, ReopenRebuildsTheIndexAndCleansCrashLeftovers) {
   EXPECT_EQ((*store)->usage_bytes(), 96u);
   EXPECT_EQ(*(*store)->Get(a), Bytes(64, 1));
   EXPECT_FALSE((*store)->Contains(BlockHash{9, 9}));
-  EXPECT_NE(access((dir.path() + "/." + BlockHashHex(a) + ".kvb.tmp.123.0").c_str(), F_OK), 0);
+  EXPECT_NE(access(dead.c_str(), F_OK), 0);
+  EXPECT_EQ(access(live.c_str(), F_OK), 0);
+  EXPECT_EQ((*store)->rejected_at_open(), 1);  // the directory under a block's name
   EXPECT_EQ(access((dir.path() + "/notes.txt").c_str(), F_OK), 0);
   // A smaller capacity on reopen trims to it.
   auto small = DiskBlockStore::Open(dir.path(), 64);

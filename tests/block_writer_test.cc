@@ -99,22 +99,37 @@ TEST(BlockWriter, AFailingStoreTurnsTheTierOffOnce) {
   GatedStore store;
   store.SetOpen(false);
   store.SetFail(true);
-  BlockWriter writer(store, 4);
+  BlockWriter writer(store, 8);
   ASSERT_TRUE(writer.Offer(BlockHash{1, 0}, {1}));
   store.WaitEntered(1);
-  ASSERT_TRUE(writer.Offer(BlockHash{2, 0}, {1}));
-  ASSERT_TRUE(writer.Offer(BlockHash{3, 0}, {1}));
+  for (uint64_t i = 2; i <= 6; ++i) ASSERT_TRUE(writer.Offer(BlockHash{i, 0}, {1}));
   store.SetOpen(true);
   writer.Flush(-1);
   const BlockWriterStats s = writer.stats();
   EXPECT_TRUE(s.failed);
-  EXPECT_EQ(s.errors, 1) << "the first failure stops the tier: queued blocks are not tried";
-  EXPECT_EQ(s.dropped, 2);
+  EXPECT_EQ(s.errors, BlockWriter::kFailuresToStop)
+      << "failures in a row stop the tier: the rest queued is not tried";
+  EXPECT_EQ(s.dropped, 6 - BlockWriter::kFailuresToStop);
   EXPECT_NE(writer.failure().find("No space left"), std::string::npos);
   store.SetFail(false);
-  EXPECT_FALSE(writer.Offer(BlockHash{4, 0}, {1})) << "off until restart";
-  EXPECT_EQ(writer.stats().dropped, 3);
+  EXPECT_FALSE(writer.Offer(BlockHash{7, 0}, {1})) << "off until restart";
+  EXPECT_EQ(writer.stats().dropped, 7 - BlockWriter::kFailuresToStop);
   EXPECT_EQ(store.size(), 0u);
+}
+
+TEST(BlockWriter, AFailureBetweenSuccessesCostsThatBlockOnly) {
+  GatedStore store;
+  BlockWriter writer(store, 8);
+  for (uint64_t i = 1; i <= 9; ++i) {
+    store.SetFail(i % 3 == 0);  // every third block fails: never kFailuresToStop in a row
+    ASSERT_TRUE(writer.Offer(BlockHash{i, 0}, {1}));
+    ASSERT_TRUE(writer.Flush(-1));
+  }
+  const BlockWriterStats s = writer.stats();
+  EXPECT_FALSE(s.failed);
+  EXPECT_EQ(s.errors, 3);
+  EXPECT_EQ(s.written, 6);
+  EXPECT_EQ(store.size(), 6u);
 }
 
 TEST(BlockWriter, DestructionFinishesTheWriteInProgressOnly) {

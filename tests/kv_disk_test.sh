@@ -160,6 +160,19 @@ printf 'Once upon a time, there was a little girl named Lily. She loved to play 
 "$BIN" kv rm --kv-disk "$DISK" --name lily >/dev/null 2>&1
 [ $? -eq 1 ] && pass "kv rm of an unknown name: exit 1" || fail "kv rm unknown: exit 0"
 
+# Flags and paths that make no sense are refused with a message naming the problem.
+"$BIN" kv ls --kv-disk "$TMP/nonexistent" >/dev/null 2>"$TMP/err"
+[ $? -eq 1 ] && grep -q "not a directory" "$TMP/err" && pass "kv ls of a missing directory: exit 1" || fail "kv ls missing: $(cat "$TMP/err")"
+for args in "--kv-disk-size abc --kv-disk $TMP/x|--kv-disk-size 'abc'" "--kv-disk-size 0 --kv-disk $TMP/x|positive size" \
+            "--kv-disk-policy write-back|--kv-disk-policy is only used with --kv-disk" \
+            "--kv-disk-codec zstd|--kv-disk-codec is only used with --kv-disk" "--kv-disk-size 1G|only used with --kv-disk" \
+            "--kv-disk $TMP/x --kv-disk-size 1K|fewer than 4 blocks"; do
+  flags=${args%%|*}; want=${args#*|}
+  eval "\"$BIN\" generate -m \"$MODEL\" -p hi -n 1 $flags" >/dev/null 2>"$TMP/err"
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q -- "$want" "$TMP/err" && pass "refused: $flags" || fail "$flags: rc $rc $(cat "$TMP/err")"
+done
+
 # Crash test: SIGKILL at random moments while blocks are written (four long generations commit
 # a block every 16 tokens each, written through as they go); then every prompt's tokens must
 # equal the cold run's and no stored block may fail a check.

@@ -6,6 +6,7 @@
 // vanishes, cannot be written or fills up turns the tier off while serving goes on unchanged.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -275,26 +276,81 @@ TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
          fs::remove(p);
          fs::create_directory(p);
        }},
+      // Neither may block a read (a FIFO's open waits for a writer) or be followed.
+      {"a FIFO",
+       [&](const std::string& p) {
+         fs::remove(p);
+         ASSERT_EQ(::mkfifo(p.c_str(), 0644), 0);
+       }},
+      {"a symbolic link to a good copy",
+       [&](const std::string& p) {
+         WriteAll(p + ".real", pristine);
+         fs::remove(p);
+         fs::create_symlink(p + ".real", p);
+       }},
   };
-  for (const Damage& d : damages) {
-    if (std::string(d.what) == "a block of another model" && other_file.empty()) continue;
-    SCOPED_TRACE(d.what);
-    TempDir dir;
-    fs::copy(good.path(), dir.path(),
-             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-    const std::string victim = dir.path() + "/" + fs::path(good_file).filename().string();
-    d.apply(victim);
-    TierEngine e(*model, f32, dir.path());
-    ASSERT_TRUE(e.ok());
+  // Each damage before the engine starts (its index rebuild meets it) and while it runs (a
+  // load meets it).
+  for (bool running : {false, true}) {
+    for (const Damage& d : damages) {
+      if (std::string(d.what) == "a block of another model" && other_file.empty()) continue;
+      SCOPED_TRACE(std::string(d.what) + (running ? ", while running" : ", before start"));
+      TempDir dir;
+      fs::copy(good.path(), dir.path(),
+               fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+      const std::string victim = dir.path() + "/" + fs::path(good_file).filename().string();
+      if (!running) d.apply(victim);
+      TierEngine e(*model, f32, dir.path());
+      ASSERT_TRUE(e.ok());
+      if (running) d.apply(victim);
+      const Served run = e.Serve(prompts);
+      EXPECT_EQ(run.tokens, cold);
+      EXPECT_EQ(run.tier.corrupt, 1);
+      EXPECT_EQ(run.tier.hits, 0);  // the chain broke at its first block: nothing loaded
+      EXPECT_EQ(run.disk_tokens[0], 0);
+      // Recomputed and written again (write-through): the next engine loads all of it.
+      e.engine().FlushTier(true);
+      EXPECT_EQ(ReadAll(victim), pristine);
+    }
+  }
+}
+
+// Every block of a prompt damaged: one pass finds them all (the blocks after the first bad one
+// are still checked), so the recompute rewrites them all and the next engine loads the prompt.
+TEST(KvTier, EveryBadBlockOfAChainIsFoundInOnePass) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const KvTypes f16{KvType::kF16, KvType::kF16};
+  const auto prompts = Prompts(*model, 1);
+  const auto cold = Cold(*model, f16, prompts);
+  TempDir dir;
+  std::vector<BlockHash> hashes;
+  {
+    TierEngine e(*model, f16, dir.path());
+    e.Serve(prompts);
+    e.engine().FlushTier(true);
+    hashes = e.engine().PromptBlockHashes(prompts[0], {});
+  }
+  ASSERT_EQ(hashes.size(), 4u);
+  for (const BlockHash& h : hashes) {
+    const std::string path = dir.path() + "/" + BlockHashHex(h) + ".kvb";
+    auto bytes = ReadAll(path);
+    bytes[bytes.size() - 50] ^= 0x04;
+    WriteAll(path, bytes);
+  }
+  {
+    TierEngine e(*model, f16, dir.path());
     const Served run = e.Serve(prompts);
     EXPECT_EQ(run.tokens, cold);
-    EXPECT_EQ(run.tier.corrupt, 1);
-    EXPECT_EQ(run.tier.hits, 0);  // the chain broke at its first block: nothing loaded
-    EXPECT_EQ(run.disk_tokens[0], 0);
-    // Recomputed and written again (write-through): the next engine loads all of it.
+    EXPECT_EQ(run.tier.corrupt, 4);
+    EXPECT_EQ(run.tier.hits, 0);
     e.engine().FlushTier(true);
-    EXPECT_EQ(ReadAll(victim), pristine);
   }
+  TierEngine e(*model, f16, dir.path());
+  const Served run = e.Serve(prompts);
+  EXPECT_EQ(run.tokens, cold);
+  EXPECT_EQ(run.tier.hits, 4);
+  EXPECT_EQ(run.tier.corrupt, 0);
 }
 
 // A store that stops accepting writes: serving goes on with the cold run's tokens, the tier says
@@ -344,12 +400,10 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
     struct rlimit small = old;
     small.rlim_cur = 1000;  // smaller than any block file
-    auto previous = ::signal(SIGXFSZ, SIG_IGN);
     ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
     const Served run = e.Serve(prompts);
     e.engine().FlushTier(true);
     ::setrlimit(RLIMIT_FSIZE, &old);
-    ::signal(SIGXFSZ, previous);
     EXPECT_EQ(run.tokens, cold);
     EXPECT_TRUE(e.engine().tier()->stats().failed);
     EXPECT_EQ(e.engine().tier()->stats().blocks_written, 0);

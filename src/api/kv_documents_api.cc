@@ -10,10 +10,12 @@
 namespace kvserve {
 namespace {
 
-KvDocumentInfo ToInfo(const kvs::KvDocument& doc, const kvs::DiskBlockStore& store) {
+// status: "ready", or "other_model" for a document of other weights (never hit by this model).
+KvDocumentInfo ToInfo(const kvs::KvDocument& doc, const kvs::DiskBlockStore& store,
+                      const std::string& weights_digest) {
   KvDocumentInfo info;
   info.name = doc.name;
-  info.status = "ready";
+  info.status = doc.model == weights_digest ? "ready" : "other_model";
   info.tokens = doc.n_tokens;
   info.blocks = static_cast<int32_t>(doc.blocks.size());
   for (const kvs::BlockHash& h : doc.blocks) info.blocks_on_disk += store.Contains(h) ? 1 : 0;
@@ -164,7 +166,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
     *error = "cannot record the document: " + st.message();
     return false;
   }
-  if (out) *out = ToInfo(doc, tier->store());
+  if (out) *out = ToInfo(doc, tier->store(), impl_->model->weights_digest());
   return true;
 }
 
@@ -173,7 +175,7 @@ std::vector<KvDocumentInfo> Engine::ListKvDocuments() const {
   const kvs::KvTier* tier = impl_->engine->tier();
   if (tier == nullptr || !impl_->documents) return out;
   for (const kvs::KvDocument& doc : impl_->documents->List()) {
-    out.push_back(ToInfo(doc, tier->store()));
+    out.push_back(ToInfo(doc, tier->store(), impl_->model->weights_digest()));
   }
   std::lock_guard<std::mutex> lock(impl_->saving_mu);
   for (const auto& [name, p] : impl_->saving) {
@@ -208,6 +210,13 @@ bool Engine::RemoveKvDocument(const std::string& name, std::string* error) {
   if (tier == nullptr || !impl_->documents) {
     *error = "KV documents are kept on the disk tier: start the engine with --kv-disk DIR";
     return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->saving_mu);
+    if (impl_->saving.contains(name)) {
+      *error = "the KV document " + name + " is being saved: delete it once it is ready";
+      return false;
+    }
   }
   auto unpin = impl_->documents->Remove(name);
   if (!unpin.ok()) {

@@ -91,14 +91,14 @@ int RunSave(KvArgs a) {
                             .dump()
                             .c_str());
   } else {
-    std::printf("saved %s: %d tokens, %d blocks on disk (%.1f MiB written)\n", info.name.c_str(),
-                info.tokens, info.blocks_on_disk, s.kv_disk_bytes_written / 1048576.0);
+    std::printf("saved %s: %d tokens, %d blocks on disk (%.1f KiB written)\n", info.name.c_str(),
+                info.tokens, info.blocks_on_disk, s.kv_disk_bytes_written / 1024.0);
   }
   return 0;
 }
 
 int RunList(const KvArgs& a) {
-  auto docs = KvDocuments::Open(a.dir);
+  auto docs = KvDocuments::Open(a.dir, /*create=*/false);
   if (!docs.ok()) {
     std::fprintf(stderr, "error: %s\n", docs.error().c_str());
     return 1;
@@ -127,7 +127,7 @@ int RunList(const KvArgs& a) {
 }
 
 int RunRemove(const KvArgs& a) {
-  auto docs = KvDocuments::Open(a.dir);
+  auto docs = KvDocuments::Open(a.dir, /*create=*/false);
   if (!docs.ok()) {
     std::fprintf(stderr, "error: %s\n", docs.error().c_str());
     return 1;

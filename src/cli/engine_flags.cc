@@ -130,20 +130,27 @@ void AddKvDiskFlags(CLI::App* cmd, EngineFlags* f) {
   kvserve::EngineOptions& o = f->options;
   cmd->add_option("--kv-disk", o.kv_disk,
                   "Disk tier: keep computed KV blocks in DIR (checksummed files keyed by their "
-                  "prefix hash) and load them instead of recomputing, across restarts too");
+                  "prefix hash) and load them instead of recomputing, across restarts too")
+      ->check([](const std::string& dir) -> std::string {
+        if (dir.empty()) return "--kv-disk needs a directory";
+        if (dir == "/") return "--kv-disk /: give a directory of its own";
+        return "";
+      });
   cmd->add_option("--kv-disk-size", f->kv_disk_size,
                   "Disk tier: most bytes it keeps, least recently used dropped first (20G, "
                   "512M; default: 20G or the free space, whichever is less)");
-  cmd->add_option("--kv-disk-policy", o.kv_disk_policy,
-                  "Disk tier: write-through (write blocks as they are computed: a crash keeps "
-                  "them) or write-back (write when they leave RAM, and at shutdown)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"write-through", "write-back"}));
-  cmd->add_option("--kv-disk-codec", o.kv_disk_codec,
-                  "Disk tier: how block bytes are stored: raw, or zstd (smaller files, slower "
-                  "writes and loads)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"raw", "zstd"}));
+  f->kv_disk_policy_flag =
+      cmd->add_option("--kv-disk-policy", o.kv_disk_policy,
+                      "Disk tier: write-through (write blocks as they are computed: a crash keeps "
+                      "them) or write-back (write when they leave RAM, and at shutdown)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"write-through", "write-back"}));
+  f->kv_disk_codec_flag =
+      cmd->add_option("--kv-disk-codec", o.kv_disk_codec,
+                      "Disk tier: how block bytes are stored: raw, or zstd (smaller files, slower "
+                      "writes and loads)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"raw", "zstd"}));
 }
 
 CLI::Validator RealRange(double lo, double hi, bool lo_open) {
@@ -249,12 +256,21 @@ bool ResolveKvMemory(EngineFlags* f) {
     if (f->kv_disk_size.find('%') != std::string::npos ||
         !ParseMemorySize(f->kv_disk_size, &f->options.kv_disk_size, &error) ||
         f->options.kv_disk_size <= 0) {
-      std::fprintf(stderr, "error: --kv-disk-size %s: expected a size such as 20G or 512M%s%s\n",
-                   f->kv_disk_size.c_str(), error.empty() ? "" : ": ", error.c_str());
+      std::fprintf(stderr,
+                   "error: --kv-disk-size '%s': expected a positive size such as 20G or 512M\n",
+                   f->kv_disk_size.c_str());
       return false;
     }
-    if (f->options.kv_disk.empty()) {
-      std::fprintf(stderr, "error: --kv-disk-size needs --kv-disk DIR\n");
+  }
+  if (f->options.kv_disk.empty()) {
+    for (const CLI::Option* o : {f->kv_disk_policy_flag, f->kv_disk_codec_flag}) {
+      if (o && o->count() > 0) {
+        std::fprintf(stderr, "error: %s is only used with --kv-disk DIR\n", o->get_name().c_str());
+        return false;
+      }
+    }
+    if (!f->kv_disk_size.empty()) {
+      std::fprintf(stderr, "error: --kv-disk-size is only used with --kv-disk DIR\n");
       return false;
     }
   }

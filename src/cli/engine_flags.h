@@ -13,8 +13,10 @@ namespace kvs::cli {
 
 struct EngineFlags {
   kvserve::EngineOptions options;
-  std::string kv_memory;         // BYTES (K/M/G suffixes, KiB/MiB/GiB too) or N% of available RAM
-  std::string kv_disk_size;      // --kv-disk-size BYTES
+  std::string kv_memory;     // BYTES (K/M/G suffixes, KiB/MiB/GiB too) or N% of available RAM
+  std::string kv_disk_size;  // --kv-disk-size BYTES
+  CLI::Option* kv_disk_policy_flag = nullptr;  // given without --kv-disk: an error
+  CLI::Option* kv_disk_codec_flag = nullptr;
   std::string draft_model_path;  // -md/--model-draft
   // The speculation flags that only some --spec-type use: given with another, they are an
   // error rather than silently ignored (AddSpecFlags sets them, ResolveSpecFlags reads them).

@@ -1,5 +1,6 @@
 #include "engine/kv_tier.h"
 
+#include <signal.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -25,6 +26,9 @@ Expected<std::unique_ptr<KvTier>> KvTier::Open(const KvTierConfig& config,
                                                const BlockIdentity& identity, KvStorage& storage,
                                                const std::function<void(int64_t)>& progress) {
   if (config.dir.empty()) return Status::Error("--kv-disk: no directory given");
+  // A file size limit (ulimit -f) must fail a block's write with EFBIG, which turns the tier
+  // off, rather than kill the process with SIGXFSZ.
+  ::signal(SIGXFSZ, SIG_IGN);
   auto store = DiskBlockStore::Open(config.dir, UINT64_MAX, progress);
   if (!store.ok()) return store.status();
   KvTierConfig c = config;
@@ -36,6 +40,18 @@ Expected<std::unique_ptr<KvTier>> KvTier::Open(const KvTierConfig& config,
       room = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize + (*store)->usage_bytes();
     }
     c.capacity_bytes = std::min(kDefaultKvDiskBytes, room);
+  }
+  const uint64_t min_bytes = 4 * storage.geometry().BytesPerBlock();
+  if (c.capacity_bytes < min_bytes) {
+    if (config.capacity_bytes != 0) {
+      return Status::Error(StrFormat(
+          "--kv-disk-size %llu bytes holds fewer than 4 blocks of this KV format (%llu bytes each)",
+          static_cast<unsigned long long>(c.capacity_bytes),
+          static_cast<unsigned long long>(storage.geometry().BytesPerBlock())));
+    }
+    // A full (or read-only) file system: the blocks there still load; new ones are not written.
+    KVS_LOG_WARN("kv disk: %s has no room for new blocks: the tier only reads what it holds",
+                 c.dir.c_str());
   }
   (*store)->set_capacity(c.capacity_bytes);
   return std::unique_ptr<KvTier>(new KvTier(c, identity, storage, std::move(*store)));
@@ -135,8 +151,8 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     loaded_tokens_ += int64_t{r.n_loaded} * bs;
     load_ns_ += static_cast<int64_t>(r.seconds * 1e9);
     if (r.corrupt) {
-      KVS_LOG_WARN("kv disk: a stored block failed a check and was removed (recomputed): %s",
-                   r.error.c_str());
+      KVS_LOG_WARN("kv disk: %d stored block(s) failed a check, removed and recomputed: %s",
+                   r.corrupt, r.error.c_str());
     }
     if (Sequence* seq = find(load.seq)) {
       seq->kv_loading = false;

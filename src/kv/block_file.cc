@@ -251,7 +251,9 @@ Status WriteFileAtomically(const std::string& dir, const std::string& name,
 }
 
 Expected<std::vector<uint8_t>> ReadBlockFileBytes(const std::string& path, uint64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO under the name must not block the open; O_NOFOLLOW: a link is refused
+  // (ELOOP), not followed. Both are then errors below, as any non-regular file is.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return Status::Error(StrFormat("open %s: %s", path.c_str(), std::strerror(errno)));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||

@@ -2,8 +2,10 @@
 // names pool blocks held for it and the chain hashes, parents and tokens they should hold; the
 // loader reads each file, checks it (DecodeBlockFile: checksum, identity, hash; then the parent
 // and the token ids) and writes the payload into its pool block. The first block that fails
-// ends the job: the blocks before it are loaded, the rest are recomputed. A block that fails a
-// check is counted as corrupt and erased from the store, never loaded. The engine collects
+// ends the job: the blocks before it are loaded, the rest are recomputed (and still checked, so
+// that every bad file of the chain is found at once and rewritten as it is recomputed). A block
+// that fails a check is counted as corrupt and erased from the store, never loaded. The engine
+// collects
 // finished jobs between steps, so no step waits on a disk.
 #pragma once
 
@@ -36,7 +38,7 @@ struct LoadResult {
   uint64_t ticket = 0;
   int32_t n_loaded = 0;    // blocks [0, n_loaded) hold their hashes' KV
   int64_t bytes_read = 0;  // file bytes read
-  int32_t corrupt = 0;     // 0 or 1: the block that ended the job failed a check
+  int32_t corrupt = 0;     // blocks that failed a check (the one that ended the job, and after)
   int32_t missing = 0;     // 0 or 1: the block that ended the job was no longer stored
   std::string error;       // why the job ended early
   double seconds = 0;      // spent reading, checking and copying
@@ -59,6 +61,10 @@ class BlockLoader {
 
  private:
   LoadResult Run(const LoadJob& job);
+  // Reads and checks block i of job; its payload in *payload. false: missing, or corrupt (then
+  // erased from the store), with *why.
+  bool Check(const LoadJob& job, size_t i, std::vector<uint8_t>* payload, bool* missing,
+             int64_t* bytes_read, std::string* why);
   void Loop();
 
   BlockStore& store_;

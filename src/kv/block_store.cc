@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,6 +40,22 @@ bool ParseBlockHashHex(std::string_view hex, BlockHash* hash) {
   return true;
 }
 
+namespace {
+// Temporary files are ".<name>.tmp.<pid>.<n>" (WriteFileAtomically): whether that pid runs.
+bool TempFileWriterAlive(std::string_view name) {
+  const size_t at = name.find(".tmp.");
+  const std::string_view rest = name.substr(at + 5);
+  const size_t dot = rest.find('.');
+  int64_t pid = 0;
+  for (char c : rest.substr(0, dot)) {
+    if (c < '0' || c > '9' || pid > (int64_t{1} << 31)) return false;
+    pid = pid * 10 + (c - '0');
+  }
+  if (pid <= 0 || pid == ::getpid()) return false;  // ours are never left from this run
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+}  // namespace
+
 Expected<std::unique_ptr<DiskBlockStore>> DiskBlockStore::Open(
     const std::string& dir, uint64_t capacity_bytes, const std::function<void(int64_t)>& progress) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -53,9 +70,10 @@ Expected<std::unique_ptr<DiskBlockStore>> DiskBlockStore::Open(
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
     if (progress && ++seen % 4096 == 0) progress(seen);
-    // What a crash left mid-write: never complete, never renamed; remove it.
+    // What a crash left mid-write: never complete, never renamed; remove it, unless the process
+    // that writes it is alive (another server or `kv save` sharing the directory).
     if (name.size() > 1 && name[0] == '.' && name.find(".tmp.") != std::string_view::npos) {
-      ::unlinkat(::dirfd(d), e->d_name, 0);
+      if (!TempFileWriterAlive(name)) ::unlinkat(::dirfd(d), e->d_name, 0);
       continue;
     }
     BlockHash hash;
@@ -159,7 +177,9 @@ void DiskBlockStore::EraseLocked(const BlockHash& hash) {
   usage_ -= it->second.bytes;
   lru_.erase(it->second.lru);
   index_.erase(it);
-  ::unlink(PathOf(hash).c_str());
+  const std::string path = PathOf(hash);
+  // A directory under a block's name (found on a read) goes too, when it is empty.
+  if (::unlink(path.c_str()) != 0 && (errno == EISDIR || errno == EPERM)) ::rmdir(path.c_str());
 }
 
 void DiskBlockStore::MakeRoomLocked(uint64_t incoming) {

@@ -96,15 +96,18 @@ void BlockWriter::Loop() {
     busy_ = false;
     pending_.erase(job.hash);
     if (st.ok()) {
+      failures_in_a_row_ = 0;
       ++stats_.written;
       stats_.bytes_written += static_cast<int64_t>(job.bytes.size());
       stats_.payload_bytes += job.header ? payload_bytes : static_cast<int64_t>(job.bytes.size());
     } else {
       ++stats_.errors;
-      if (!stats_.failed) {
+      if (failure_.empty()) failure_ = st.message();
+      if (++failures_in_a_row_ < kFailuresToStop) {
+        KVS_LOG_WARN("kv disk: a block was not written: %s", st.message().c_str());
+      } else if (!stats_.failed) {
         // One line, once: the tier is off from here on; what is queued is dropped.
         stats_.failed = true;
-        failure_ = st.message();
         stats_.dropped += static_cast<int64_t>(queue_.size());
         queue_.clear();
         pending_.clear();

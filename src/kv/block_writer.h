@@ -2,8 +2,10 @@
 // wait on a disk (issue #20): the engine hands over encoded blocks and returns at once. The queue
 // is bounded; a block offered while it is full is dropped and counted (it is computed again if
 // it is ever needed, nothing is lost but the chance to reuse it). When the store fails (a full
-// disk, a read-only or vanished directory) the writer stops writing, says so once, and the tier
-// is off until restart: serving goes on without it.
+// disk, a read-only or vanished directory: kFailuresToStop writes in a row refused) the writer
+// stops writing, says so once, and the tier is off until restart: serving goes on without it.
+// A failure between successes (one block's name taken by a directory, a temporary file removed
+// by hand) costs that block only.
 #pragma once
 
 #include <atomic>
@@ -34,6 +36,7 @@ struct BlockWriterStats {
 
 class BlockWriter {
  public:
+  static constexpr int32_t kFailuresToStop = 4;
   // max_queued: blocks waiting at most (their bytes are held in memory until written).
   BlockWriter(BlockStore& store, int32_t max_queued);
   // Finishes the write in progress, drops what is queued (Flush first to keep it: its bound is
@@ -70,7 +73,8 @@ class BlockWriter {
   std::condition_variable work_, idle_;
   std::deque<Job> queue_;
   std::unordered_set<BlockHash, BlockHashHasher> pending_;  // queued or being written
-  bool busy_ = false;                                       // a job is being written
+  int32_t failures_in_a_row_ = 0;
+  bool busy_ = false;  // a job is being written
   bool stop_ = false;
   BlockWriterStats stats_;
   std::string failure_;

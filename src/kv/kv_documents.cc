@@ -40,13 +40,25 @@ Status ValidateDocumentName(std::string_view name) {
   return Status::Ok();
 }
 
-Expected<std::unique_ptr<KvDocuments>> KvDocuments::Open(const std::string& store_dir) {
+Expected<std::unique_ptr<KvDocuments>> KvDocuments::Open(const std::string& store_dir,
+                                                         bool create) {
   const std::string dir = store_dir + "/documents";
-  if (::mkdir(store_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  struct stat st;
+  if (!create) {
+    if (::stat(store_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return Status::Error(StrFormat("--kv-disk %s: not a directory", store_dir.c_str()));
+    }
+    if (::stat(dir.c_str(), &st) != 0) return std::unique_ptr<KvDocuments>(new KvDocuments(dir));
+  }
+  if (create && ::mkdir(store_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::Error(StrFormat("--kv-disk %s: %s", store_dir.c_str(), std::strerror(errno)));
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  if (create && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::Error(StrFormat("%s: %s", dir.c_str(), std::strerror(errno)));
+  }
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::Error(
+        StrFormat("%s: not a directory (KV documents are kept there)", dir.c_str()));
   }
   return std::unique_ptr<KvDocuments>(new KvDocuments(dir));
 }
@@ -81,6 +93,7 @@ Expected<KvDocument> KvDocuments::ReadRecord(const std::string& path) const {
     doc.model = j.value("model", "");
     doc.kv_format = j.value("kv_format", "");
     doc.created = j.value("created", int64_t{0});
+    if (doc.n_tokens < 0) return Status::Error(path + ": a negative token count");
     for (const auto& b : j.at("blocks")) {
       BlockHash h;
       if (!ParseBlockHashHex(b.get<std::string>(), &h)) {
@@ -101,7 +114,11 @@ Expected<KvDocument> KvDocuments::Get(std::string_view name) const {
   if (::stat(PathOf(name).c_str(), &st) != 0) {
     return Status::Error("no KV document named " + std::string(name));
   }
-  return ReadRecord(PathOf(name));
+  auto doc = ReadRecord(PathOf(name));
+  if (doc.ok() && doc->name != name) {
+    return Status::Error("no KV document named " + std::string(name));
+  }
+  return doc;
 }
 
 std::vector<KvDocument> KvDocuments::List() const {
@@ -117,6 +134,11 @@ std::vector<KvDocument> KvDocuments::List() const {
     auto doc = ReadRecord(dir_ + "/" + std::string(file));
     if (!doc.ok()) {
       KVS_LOG_WARN("kv documents: skipping %s", doc.error().c_str());
+      continue;
+    }
+    if (doc->name != name) {
+      KVS_LOG_WARN("kv documents: skipping %s/%s: it names another document (%s)", dir_.c_str(),
+                   std::string(file).c_str(), doc->name.c_str());
       continue;
     }
     out.push_back(std::move(*doc));

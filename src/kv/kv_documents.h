@@ -35,9 +35,11 @@ Status ValidateDocumentName(std::string_view name);
 
 class KvDocuments {
  public:
-  // The registry under store_dir (creating store_dir/documents). Unreadable records are
-  // skipped with a warning (they never pin anything).
-  static Expected<std::unique_ptr<KvDocuments>> Open(const std::string& store_dir);
+  // The registry under store_dir (creating store_dir/documents when create; else an error when
+  // there is none). Unreadable records, and records whose name is not their file's, are skipped
+  // with a warning (they never pin anything).
+  static Expected<std::unique_ptr<KvDocuments>> Open(const std::string& store_dir,
+                                                     bool create = true);
 
   Status Put(const KvDocument& doc);
   Expected<KvDocument> Get(std::string_view name) const;

@@ -23,6 +23,44 @@ ApiError BadRequest(const std::string& message, const std::string& param = {}) {
   return ApiError{400, "invalid_request_error", message, param, {}};
 }
 
+// A path segment with its %XX escapes decoded (an invalid escape stays as it is: the name check
+// refuses the '%').
+std::string DecodePathSegment(const std::string& s) {
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The status of a document route's error: 404 absent, 409 being saved, 503 the store failed.
+ApiError DocumentError(const std::string& error) {
+  if (error.rfind("no KV document", 0) == 0) {
+    return ApiError{404, "invalid_request_error", error, "name", "not_found"};
+  }
+  if (error.find("is being saved") != std::string::npos) {
+    return ApiError{409, "invalid_request_error", error, "name", "conflict"};
+  }
+  if (error.find("reached the disk") != std::string::npos ||
+      error.find("shutting down") != std::string::npos ||
+      error.find("cannot record") != std::string::npos ||
+      error.find("cannot remove") != std::string::npos) {
+    return ApiError{503, "server_error", error, {}, {}};
+  }
+  return ApiError{400, "invalid_request_error", error, "name", {}};
+}
+
 }  // namespace
 
 bool IsKvDocumentPath(const std::string& path) {
@@ -39,24 +77,16 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
   res.content_type = "application/json";
   const std::string prefix = std::string(kKvDocumentsPath) + "/";
   if (req.path != kKvDocumentsPath) {  // /v1/kv/documents/{name}
-    const std::string name = req.path.substr(prefix.size());
+    const std::string name = DecodePathSegment(req.path.substr(prefix.size()));
     kvserve::KvDocumentInfo info;
     std::string error;
     if (req.method == "DELETE") {
-      if (!engine_->RemoveKvDocument(name, &error)) {
-        const bool absent = error.rfind("no KV document", 0) == 0;
-        return SendError(res, ApiError{absent ? 404 : 400, "invalid_request_error", error, "name",
-                                       absent ? "not_found" : ""});
-      }
+      if (!engine_->RemoveKvDocument(name, &error)) return SendError(res, DocumentError(error));
       res.body = Dump(
           nlohmann::json{{"object", "kv.document.deleted"}, {"name", name}, {"deleted", true}});
       return;
     }
-    if (!engine_->GetKvDocument(name, &info, &error)) {
-      const bool absent = error.rfind("no KV document", 0) == 0;
-      return SendError(res, ApiError{absent ? 404 : 400, "invalid_request_error", error, "name",
-                                     absent ? "not_found" : ""});
-    }
+    if (!engine_->GetKvDocument(name, &info, &error)) return SendError(res, DocumentError(error));
     res.body = Dump(DocumentJson(info));
     return;
   }
@@ -96,7 +126,10 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
   }
   if (body.contains("cache_salt")) request["cache_salt"] = body["cache_salt"];
   CompletionRequest parsed;
-  if (auto err = ParseCompletionRequest(request, chat, &parsed)) return SendError(res, *err);
+  if (auto err = ParseCompletionRequest(request, chat, &parsed)) {
+    if (body.contains("tokens") && err->param == "prompt") err->param = "tokens";
+    return SendError(res, *err);
+  }
   std::vector<int32_t> tokens;
   if (chat) {
     const RenderedChat rendered = RenderChat(chat_format_, parsed.messages);
@@ -117,14 +150,12 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
   kvserve::KvDocumentInfo info;
   std::string error;
   if (!engine_->SaveKvDocument(name, std::move(tokens), parsed.gen.cache_salt, &info, &error)) {
-    const bool server_side = error.find("reached the disk") != std::string::npos ||
-                             error.find("shutting down") != std::string::npos;
-    const bool busy = error.find("is being saved") != std::string::npos;
-    return SendError(res, ApiError{server_side ? 503 : (busy ? 409 : 400),
-                                   server_side ? "server_error" : "invalid_request_error",
-                                   error,
-                                   server_side ? "" : "name",
-                                   {}});
+    ApiError e = DocumentError(error);
+    // Too few tokens, too many for the context: the document's text, not its name.
+    if (e.status == 400 && error.find("name") == std::string::npos) {
+      e.param = body.contains("tokens") ? "tokens" : (chat ? "messages" : "prompt");
+    }
+    return SendError(res, e);
   }
   KVS_LOG_INFO("kv documents: saved %s (%d tokens, %d blocks)", info.name.c_str(), info.tokens,
                info.blocks);
