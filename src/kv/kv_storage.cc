@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <utility>
+
+#include <sys/mman.h>
 
 #include "core/check.h"
 
@@ -25,9 +28,22 @@ KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
   layer.rope_neox = format_->rope().neox;
   const size_t k_bytes = kernel_blocks * layer.k_block_stride();
   const size_t v_bytes = kernel_blocks * layer.v_block_stride();
-  memory_ = AllocateAligned<uint8_t>((k_bytes + v_bytes) * g.n_layer);
+  auto memory = AllocatePages((k_bytes + v_bytes) * g.n_layer, PageSize::kHuge);
+  if (!memory.ok()) throw std::bad_alloc();  // the builders report it as too much --kv-memory
+  memory_ = std::move(*memory);
+  prefault_ = std::thread([this, data = memory_.data(), size = memory_.size()] {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; an older kernel refuses it and pages fault on use
+#endif
+    // In 64 MiB steps, so that a storage destroyed early (a short command) does not wait for
+    // all of it.
+    constexpr size_t kStep = size_t{64} << 20;
+    for (size_t at = 0; at < size && !stop_prefault_.load(std::memory_order_relaxed); at += kStep) {
+      if (madvise(data + at, std::min(kStep, size - at), MADV_POPULATE_WRITE) != 0) break;
+    }
+  });
   const size_t per_layer = static_cast<size_t>(g.n_head_kv) * g.head_dim_k;
-  uint8_t* p = memory_.get();
+  uint8_t* p = memory_.data();
   for (int32_t l = 0; l < g.n_layer; ++l) {
     layer.k = p;
     layer.v = p + k_bytes;
@@ -38,6 +54,11 @@ KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
     layers_.push_back(layer);
     p += k_bytes + v_bytes;
   }
+}
+
+KvStorage::~KvStorage() {
+  stop_prefault_ = true;
+  if (prefault_.joinable()) prefault_.join();
 }
 
 Status KvStorage::ReadBlock(int32_t block, std::vector<uint8_t>* out) const {

@@ -7,11 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "core/status.h"
 
 #include "core/aligned.h"
+#include "core/page_memory.h"
 #include "kernels/kv_layer.h"
 #include "kv/kv_format.h"
 
@@ -20,7 +23,13 @@ namespace kvs {
 class KvStorage {
  public:
   // n_blocks counts the null block, which is allocated too (never written, never read).
+  // The memory's pages are faulted in by a thread of its own (MADV_POPULATE_WRITE: contents
+  // untouched, so the engine may write meanwhile), as llama.cpp clears its KV buffer at start:
+  // the first prefill or load from disk then writes into memory the kernel has already zeroed.
   KvStorage(KvFormatPtr format, int32_t n_blocks);
+  ~KvStorage();
+  KvStorage(const KvStorage&) = delete;
+  KvStorage& operator=(const KvStorage&) = delete;
 
   const KvFormat& format() const { return *format_; }
   const KvFormatPtr& shared_format() const { return format_; }
@@ -45,7 +54,13 @@ class KvStorage {
  private:
   KvFormatPtr format_;
   int32_t n_blocks_;
-  AlignedPtr<uint8_t> memory_;  // [n_layer][K: kernel blocks of K head blocks | V: ...]
+  // [n_layer][K: kernel blocks of K head blocks | V: ...], in transparent huge pages where the
+  // kernel grants them: a block's bytes are spread over every layer, so in 4 KiB pages the first
+  // write of a block (a prefill, a load from disk) faults a page per layer and K/V half, which
+  // in a VM costs more than the copy itself.
+  PageMemory memory_;
+  std::thread prefault_;  // joined before memory_ goes
+  std::atomic<bool> stop_prefault_{false};
   std::vector<KvLayerView> layers_;
   std::vector<float> rope_table_;  // RopeTable (attention.h) of positions [0, 16 * rope_blocks_)
   int32_t rope_blocks_ = 0;
