@@ -28,10 +28,13 @@ KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
   layer.rope_neox = format_->rope().neox;
   const size_t k_bytes = kernel_blocks * layer.k_block_stride();
   const size_t v_bytes = kernel_blocks * layer.v_block_stride();
-  auto memory = AllocatePages((k_bytes + v_bytes) * g.n_layer, PageSize::kHuge);
-  if (!memory.ok()) throw std::bad_alloc();  // the builders report it as too much --kv-memory
-  memory_ = std::move(*memory);
-  prefault_ = std::thread([this, data = memory_.data(), size = memory_.size()] {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  memory_bytes_ = ((k_bytes + v_bytes) * g.n_layer + kHugePage - 1) / kHugePage * kHugePage;
+  void* memory = std::aligned_alloc(kHugePage, memory_bytes_);
+  if (memory == nullptr) throw std::bad_alloc();  // the builders report it as too much --kv-memory
+  memory_.reset(static_cast<uint8_t*>(memory));
+  madvise(memory, memory_bytes_, MADV_HUGEPAGE);  // advice only: without THP, 4 KiB pages
+  prefault_ = std::thread([this, data = memory_.get(), size = memory_bytes_] {
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; an older kernel refuses it and pages fault on use
 #endif
@@ -43,7 +46,7 @@ KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
     }
   });
   const size_t per_layer = static_cast<size_t>(g.n_head_kv) * g.head_dim_k;
-  uint8_t* p = memory_.data();
+  uint8_t* p = memory_.get();
   for (int32_t l = 0; l < g.n_layer; ++l) {
     layer.k = p;
     layer.v = p + k_bytes;

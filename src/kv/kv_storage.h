@@ -4,17 +4,16 @@
 // the layout inside a layer).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <atomic>
 #include <thread>
 #include <vector>
 
 #include "core/status.h"
 
 #include "core/aligned.h"
-#include "core/page_memory.h"
 #include "kernels/kv_layer.h"
 #include "kv/kv_format.h"
 
@@ -58,7 +57,10 @@ class KvStorage {
   // kernel grants them: a block's bytes are spread over every layer, so in 4 KiB pages the first
   // write of a block (a prefill, a load from disk) faults a page per layer and K/V half, which
   // in a VM costs more than the copy itself.
-  PageMemory memory_;
+  // From the allocator (so that its limits apply, as any allocation's), 2 MiB aligned and
+  // advised MADV_HUGEPAGE.
+  AlignedPtr<uint8_t> memory_;
+  size_t memory_bytes_ = 0;
   std::thread prefault_;  // joined before memory_ goes
   std::atomic<bool> stop_prefault_{false};
   std::vector<KvLayerView> layers_;

@@ -125,6 +125,10 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
           s.kv_disk_read_seconds);
     gauge("kv_disk_bytes_written_total", "counter", "Bytes of KV block files written.",
           static_cast<double>(s.kv_disk_bytes_written));
+    gauge("kv_disk_payload_bytes_written_total", "counter",
+          "KV bytes in the block files written (over kv_disk_bytes_written_total: the codec's "
+          "compression ratio, headers included).",
+          static_cast<double>(s.kv_disk_payload_bytes_written));
     gauge("kv_disk_dropped_total", "counter",
           "KV blocks not written: the write queue was full, or the tier was off.",
           static_cast<double>(s.kv_disk_dropped));
