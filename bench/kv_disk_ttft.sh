@@ -46,7 +46,8 @@ for round in $(seq 1 "$ROUNDS"); do
     c=$(ask /v1/completions @"$TMP/kv_body.json")
     disk_tokens=$(python3 -c "import json; print(json.load(open('$TMP/reply'))['usage']['prompt_tokens_details']['disk_tokens'])")
     r1=$(metric kv_disk_bytes_read_total); s1=$(metric kv_disk_read_seconds_total)
-    usage=$(metric kv_disk_usage_bytes)
+    usage=$(metric kv_disk_usage_bytes); payload=$(metric kv_disk_payload_bytes_written_total); written=$(metric kv_disk_bytes_written_total)
+    echo "  $t $CODEC: $payload KV bytes in $written bytes of files (ratio $(python3 -c "print(round(float('$payload')/float('$written'), 3))"))"
     stop_server
     start_kvserve "$t" "$disk"
     ask /v1/completions "$WARM" >/dev/null
