@@ -131,29 +131,15 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
     return SendError(res, *err);
   }
   std::vector<int32_t> tokens;
-  if (chat) {
-    const RenderedChat rendered = RenderChat(chat_format_, parsed.messages);
-    tokens = model_->Tokenize(rendered.text, rendered.add_bos);
-  } else if (!parsed.prompt_ids.empty()) {
-    tokens = parsed.prompt_ids;
-    for (int32_t t : tokens) {
-      if (t >= model_->n_vocab()) {
-        return SendError(
-            res, BadRequest("token id " + std::to_string(t) + " is outside the vocabulary (0.." +
-                                std::to_string(model_->n_vocab() - 1) + ")",
-                            "tokens"));
-      }
-    }
-  } else {
-    tokens = model_->Tokenize(parsed.prompt_text, /*add_special=*/true);
-  }
+  const std::string param = body.contains("tokens") ? "tokens" : (chat ? "messages" : "prompt");
+  if (auto err = PromptTokens(parsed, chat, param, &tokens)) return SendError(res, *err);
   kvserve::KvDocumentInfo info;
   std::string error;
   if (!engine_->SaveKvDocument(name, std::move(tokens), parsed.gen.cache_salt, &info, &error)) {
     ApiError e = DocumentError(error);
     // Too few tokens, too many for the context: the document's text, not its name.
     if (e.status == 400 && error.find("name") == std::string::npos) {
-      e.param = body.contains("tokens") ? "tokens" : (chat ? "messages" : "prompt");
+      e.param = param;
     }
     return SendError(res, e);
   }

@@ -158,6 +158,30 @@ void Server::Handle(http::Request& req, http::Response& res) {
   Completion(req, res, /*chat=*/req.path == "/v1/chat/completions");
 }
 
+std::optional<ApiError> Server::PromptTokens(const CompletionRequest& request, bool chat,
+                                             const std::string& param,
+                                             std::vector<int32_t>* out) const {
+  if (chat) {
+    const RenderedChat rendered = RenderChat(chat_format_, request.messages);
+    *out = model_->Tokenize(rendered.text, rendered.add_bos);
+  } else if (!request.prompt_ids.empty()) {
+    for (int32_t t : request.prompt_ids) {
+      if (t >= model_->n_vocab()) {
+        return ApiError{400,
+                        "invalid_request_error",
+                        "token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                            std::to_string(model_->n_vocab() - 1) + ")",
+                        param,
+                        {}};
+      }
+    }
+    *out = request.prompt_ids;
+  } else {
+    *out = model_->Tokenize(request.prompt_text, /*add_special=*/true);
+  }
+  return std::nullopt;
+}
+
 void Server::Models(http::Response& res) const {
   const nlohmann::json model = {{"id", model_id_},
                                 {"object", "model"},
@@ -226,25 +250,7 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
     }
   }
   std::vector<int32_t> prompt;
-  if (chat) {
-    const RenderedChat rendered = RenderChat(chat_format_, request.messages);
-    prompt = model_->Tokenize(rendered.text, rendered.add_bos);
-  } else if (!request.prompt_ids.empty()) {
-    prompt = request.prompt_ids;
-    for (int32_t t : prompt) {
-      if (t >= model_->n_vocab()) {
-        return SendError(
-            res, ApiError{400,
-                          "invalid_request_error",
-                          "token id " + std::to_string(t) + " is outside the vocabulary (0.." +
-                              std::to_string(model_->n_vocab() - 1) + ")",
-                          "prompt",
-                          {}});
-      }
-    }
-  } else {
-    prompt = model_->Tokenize(request.prompt_text, /*add_special=*/true);
-  }
+  if (auto err = PromptTokens(request, chat, "prompt", &prompt)) return SendError(res, *err);
   const int32_t n_ctx = eo.n_ctx;
   if (static_cast<int64_t>(prompt.size()) >= n_ctx) {
     return SendError(res,

@@ -17,6 +17,7 @@
 #include "server/chat_template.h"
 #include "server/http/http_server.h"
 #include "server/metrics.h"
+#include "server/openai_api.h"
 
 namespace kvs::server {
 
@@ -72,6 +73,10 @@ class Server {
   void Handle(http::Request& req, http::Response& res);
   void Completion(const http::Request& req, http::Response& res, bool chat);
   void Models(http::Response& res) const;
+  // The request's prompt as tokens: its chat rendered and tokenized, its token ids checked
+  // against the vocabulary (an error naming param), or its text tokenized.
+  std::optional<ApiError> PromptTokens(const CompletionRequest& request, bool chat,
+                                       const std::string& param, std::vector<int32_t>* out) const;
   // kv_routes.cc
   void KvDocuments(const http::Request& req, http::Response& res);
   void ResetPrefixCache(http::Response& res);
