@@ -55,6 +55,7 @@ ApiError DocumentError(const std::string& error) {
   if (error.find("reached the disk") != std::string::npos ||
       error.find("shutting down") != std::string::npos ||
       error.find("cannot record") != std::string::npos ||
+      error.find("the prefill ended") != std::string::npos ||
       error.find("cannot remove") != std::string::npos) {
     return ApiError{503, "server_error", error, {}, {}};
   }
