@@ -353,6 +353,47 @@ TEST(KvTier, EveryBadBlockOfAChainIsFoundInOnePass) {
   EXPECT_EQ(run.tier.corrupt, 0);
 }
 
+// A directory with contents under a block's name cannot be removed: that block is never loaded
+// nor written again (its write would fail every time and stop the tier), and the tier stays up.
+TEST(KvTier, ANameHeldByADirectoryCostsThatBlockOnly) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const KvTypes f16{KvType::kF16, KvType::kF16};
+  const auto prompts = Prompts(*model, 1);
+  const auto cold = Cold(*model, f16, prompts);
+  TempDir dir;
+  std::string victim;
+  {
+    TierEngine e(*model, f16, dir.path());
+    e.Serve(prompts);
+    e.engine().FlushTier(true);
+    victim = FirstBlockFile(e.engine(), dir.path(), prompts[0]);
+  }
+  for (bool running : {true, false}) {
+    SCOPED_TRACE(running ? "found by a load" : "found at start");
+    const auto occupy = [&] {
+      fs::remove_all(victim);
+      fs::create_directory(victim);
+      WriteAll(victim + "/mine", {1, 2, 3});
+    };
+    if (!running) occupy();
+    TierEngine e(*model, f16, dir.path());
+    if (running) occupy();
+    for (int pass = 0; pass < 6; ++pass) {  // more passes than failures that stop a tier
+      const Served run = e.Serve(prompts);
+      EXPECT_EQ(run.tokens, cold);
+      e.engine().ResetPrefixCache();
+      e.engine().tier()->WaitForWrites(10000);
+    }
+    const KvTierStats s = e.engine().tier()->stats();
+    EXPECT_FALSE(s.failed);
+    EXPECT_EQ(s.corrupt, 1);
+    EXPECT_EQ(s.hits, 0);  // the chain's first block: nothing after it loads either
+    EXPECT_TRUE(fs::is_directory(victim));
+    EXPECT_TRUE(fs::exists(victim + "/mine"));  // someone's file, never touched
+  }
+}
+
 // A store that stops accepting writes: serving goes on with the cold run's tokens, the tier says
 // it failed, and nothing crashes. Each case: the directory removed under a running engine, a
 // directory nobody may write into, a file size limit (a full disk: writes fail with EFBIG).

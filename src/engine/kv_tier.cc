@@ -116,7 +116,7 @@ void KvTier::AfterCommit(Sequence& seq, const KvCacheManager& kv) {
   seq.tier_seen = std::min(seq.tier_seen, n);  // a rollback or compaction cut the list
   for (int32_t i = seq.tier_seen; i < n; ++i) {
     const BlockHash& hash = table.hashes[i];
-    if (unsaved_.contains(hash) || Stored(hash)) continue;
+    if (unsaved_.contains(hash) || NoWriteNeeded(hash)) continue;
     BlockMeta meta{
         i == 0 ? BlockHash{} : table.hashes[i - 1],
         std::vector<int32_t>(seq.tokens.begin() + i * bs, seq.tokens.begin() + (i + 1) * bs)};
@@ -132,7 +132,7 @@ void KvTier::OnUncache(BlockId id, const BlockHash& hash, bool reused) {
   auto it = unsaved_.find(hash);
   if (it == unsaved_.end()) return;
   // Reused: its bytes are still whole until the step that took it runs; write them now.
-  if (reused && !Stored(hash)) Offer(id, hash, it->second);
+  if (reused && !NoWriteNeeded(hash)) Offer(id, hash, it->second);
   unsaved_.erase(it);
 }
 
@@ -151,8 +151,10 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     loaded_tokens_ += int64_t{r.n_loaded} * bs;
     load_ns_ += static_cast<int64_t>(r.seconds * 1e9);
     if (r.corrupt) {
-      KVS_LOG_WARN("kv disk: %d stored block(s) failed a check, removed and recomputed: %s",
-                   r.corrupt, r.error.c_str());
+      KVS_LOG_WARN(
+          "kv disk: %d stored block(s) failed a check, recomputed (and removed, unless a "
+          "directory with contents holds the name: then never used): %s",
+          r.corrupt, r.error.c_str());
     }
     if (Sequence* seq = find(load.seq)) {
       seq->kv_loading = false;
@@ -202,7 +204,7 @@ int64_t KvTier::Flush(const KvCacheManager& kv, bool wait) {
   for (const auto& [hash, id] : kv.CachedBlocks()) {
     auto it = unsaved_.find(hash);
     if (it == unsaved_.end()) continue;
-    if (!Stored(hash)) {
+    if (!NoWriteNeeded(hash)) {
       bool ok = Offer(id, hash, it->second);
       // A full queue: let it drain (within the bound) and try once more.
       if (!ok && wait && !writer_->stats().failed && left_ms() > 0) {
@@ -230,7 +232,7 @@ int64_t KvTier::Flush(const KvCacheManager& kv, bool wait) {
 int64_t KvTier::Persist(const KvCacheManager& kv, const std::vector<BlockHash>& hashes) {
   int64_t offered = 0;
   for (const BlockHash& hash : hashes) {
-    if (Stored(hash)) continue;
+    if (NoWriteNeeded(hash)) continue;
     auto it = unsaved_.find(hash);
     const std::optional<BlockId> id = kv.CachedBlock(hash);
     if (it == unsaved_.end() || !id) continue;

@@ -120,8 +120,8 @@ class KvTier {
          std::unique_ptr<DiskBlockStore> store);
   // Copies the block's bytes and queues it for writing; false when it could not be queued.
   bool Offer(BlockId id, const BlockHash& hash, const BlockMeta& meta);
-  bool Stored(const BlockHash& hash) const {
-    return store_->Contains(hash) || writer_->Pending(hash);
+  bool NoWriteNeeded(const BlockHash& hash) const {  // stored, queued, or its name unusable
+    return store_->Contains(hash) || writer_->Pending(hash) || store_->Unusable(hash);
   }
 
   KvTierConfig config_;

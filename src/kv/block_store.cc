@@ -86,11 +86,9 @@ Expected<std::unique_ptr<DiskBlockStore>> DiskBlockStore::Open(
       // A directory or link under a block's name is never read: counted as corrupt, and removed
       // when that is safe (an empty directory, a link; never a directory's contents).
       ++store->rejected_at_open_;
-      if (S_ISDIR(st.st_mode)) {
-        ::unlinkat(::dirfd(d), e->d_name, AT_REMOVEDIR);
-      } else {
-        ::unlinkat(::dirfd(d), e->d_name, 0);
-      }
+      const int removed = S_ISDIR(st.st_mode) ? ::unlinkat(::dirfd(d), e->d_name, AT_REMOVEDIR)
+                                              : ::unlinkat(::dirfd(d), e->d_name, 0);
+      if (removed != 0) store->unusable_.insert(hash);  // a directory with contents: left alone
       continue;
     }
     std::lock_guard<std::mutex> lock(store->mu_);
@@ -178,8 +176,17 @@ void DiskBlockStore::EraseLocked(const BlockHash& hash) {
   lru_.erase(it->second.lru);
   index_.erase(it);
   const std::string path = PathOf(hash);
-  // A directory under a block's name (found on a read) goes too, when it is empty.
-  if (::unlink(path.c_str()) != 0 && (errno == EISDIR || errno == EPERM)) ::rmdir(path.c_str());
+  // A directory under a block's name (found on a read) goes too, when it is empty; one with
+  // contents is left alone, and the name is never written nor read again in this run.
+  if (::unlink(path.c_str()) != 0 && (errno == EISDIR || errno == EPERM) &&
+      ::rmdir(path.c_str()) != 0 && errno != ENOENT) {
+    unusable_.insert(hash);
+  }
+}
+
+bool DiskBlockStore::Unusable(const BlockHash& hash) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unusable_.contains(hash);
 }
 
 void DiskBlockStore::MakeRoomLocked(uint64_t incoming) {

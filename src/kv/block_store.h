@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/status.h"
@@ -62,6 +63,9 @@ class DiskBlockStore final : public BlockStore {
   void set_capacity(uint64_t bytes);
   // Entries under a block's name that Open found were not regular files (directories, links).
   int64_t rejected_at_open() const { return rejected_at_open_; }
+  // A block whose name something else holds that the store may not remove (a directory with
+  // contents): never written nor loaded in this run, so that it costs that block only.
+  bool Unusable(const BlockHash& hash) const;
 
  private:
   struct Entry {
@@ -83,6 +87,7 @@ class DiskBlockStore final : public BlockStore {
   std::list<BlockHash> lru_;
   uint64_t usage_ = 0;
   int64_t rejected_at_open_ = 0;
+  std::unordered_set<BlockHash, BlockHashHasher> unusable_;
 };
 
 }  // namespace kvs
