@@ -5,6 +5,7 @@
 
 #include "kernels/kv_layer.h"
 #include "kv/kv_storage.h"
+#include "testing/temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -48,18 +49,7 @@ std::vector<uint8_t> Payload(size_t n) {
   return p;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvs_block_file_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 TEST(BlockFile, RoundTripsRawAndZstd) {
   const std::vector<uint8_t> payload = Payload(32768);

@@ -2,6 +2,7 @@
 // its capacity with pinned blocks kept, an index rebuilt from the directory on reopen (a
 // restart), crash leftovers removed and foreign files left alone.
 #include "kv/block_store.h"
+#include "testing/temp_dir.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,18 +18,7 @@
 namespace kvs {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvs_block_store_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 std::vector<uint8_t> Bytes(size_t n, uint8_t fill) {
   return std::vector<uint8_t>(n, fill);

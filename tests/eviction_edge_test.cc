@@ -13,6 +13,7 @@
 #include "kernels/kv_quant.h"
 #include "kv/compaction.h"
 #include "kv/eviction_policy.h"
+#include "testing/int_lists.h"
 
 namespace kvs {
 namespace {
@@ -20,12 +21,6 @@ namespace {
 constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-std::vector<int32_t> Iota(int32_t n) {
-  std::vector<int32_t> v(n);
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
 
 // ---- SelectKept ----
 
@@ -39,7 +34,7 @@ TEST(SelectKeptEdges, EmptyAndTinyInputs) {
   EXPECT_EQ(*SelectKept(one, 1, {0, 0}), std::vector<int32_t>{0});
   // Sinks and window larger than the sequence.
   std::vector<float> five(5, 0.0f);
-  EXPECT_EQ(*SelectKept(five, 100, {50, 50}), Iota(5));
+  EXPECT_EQ(*SelectKept(five, 100, {50, 50}), testing::Range(0, 5));
 }
 
 TEST(SelectKeptEdges, NeverKeepsMoreThanTheBudget) {
@@ -60,7 +55,7 @@ TEST(SelectKeptEdges, ExtremeGuardsDoNotOverflow) {
   auto kept2 = SelectKept(scores, kMax, {kMax, kMax});
   EXPECT_FALSE(kept2.ok());
   // Budget INT32_MAX with modest guards keeps everything.
-  EXPECT_EQ(*SelectKept(scores, kMax, {4, 4}), Iota(10));
+  EXPECT_EQ(*SelectKept(scores, kMax, {4, 4}), testing::Range(0, 10));
 }
 
 TEST(SelectKeptEdges, NonFiniteScores) {
@@ -79,7 +74,7 @@ TEST(KeyDiffEdges, AllZeroKeysAndExtremes) {
   KeyDiffPolicy p;
   const int n = 8, heads = 2, dim = 4;
   std::vector<float> keys(n * heads * dim, 0.0f);
-  std::vector<int32_t> pos = Iota(n);
+  std::vector<int32_t> pos = testing::Range(0, n);
   std::vector<float> scores(n);
   ASSERT_TRUE(p.Score({n, pos, keys, heads, dim, {}}, scores).ok());
   for (float s : scores) EXPECT_TRUE(std::isfinite(s));
@@ -98,7 +93,7 @@ TEST(KeyDiffEdges, OneNanKeyOnlyPoisonsItsOwnSlot) {
   std::vector<float> keys(n * heads * dim);
   for (float& k : keys) k = dist(rng);
   keys[3 * dim + 1] = kNaN;
-  std::vector<int32_t> pos = Iota(n);
+  std::vector<int32_t> pos = testing::Range(0, n);
   std::vector<float> scores(n);
   ASSERT_TRUE(p.Score({n, pos, keys, heads, dim, {}}, scores).ok());
   int finite = 0;
@@ -125,7 +120,7 @@ TEST(KeyDiffEdges, NegativeShapesAreErrorsNotThrows) {
 
 TEST(StreamingEdges, SizesMismatch) {
   StreamingPolicy p;
-  std::vector<int32_t> pos = Iota(3);
+  std::vector<int32_t> pos = testing::Range(0, 3);
   std::vector<float> scores(3);
   EXPECT_FALSE(p.Score({4, pos, {}, 0, 0, {}}, scores).ok());
   EXPECT_TRUE(p.Score({0, {}, {}, 0, 0, {}}, std::span<float>()).ok());
@@ -134,7 +129,7 @@ TEST(StreamingEdges, SizesMismatch) {
 // ---- PlanCompaction ----
 
 TEST(PlanCompactionEdges, FrozenSlotsMustAllBeKept) {
-  const std::vector<int32_t> positions = Iota(64);
+  const std::vector<int32_t> positions = testing::Range(0, 64);
   // Slots 0..31 are shared; kept lists that simply stop before the frozen prefix ends drop
   // shared slots (and free a shared block) without an error.
   EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{}, positions, 16, 32).ok())
@@ -150,18 +145,18 @@ TEST(PlanCompactionEdges, Extremes) {
   EXPECT_EQ(empty->n_blocks, 0);
   EXPECT_EQ(empty->n_freed_blocks, 0);
   // Keep nothing of 40: three blocks freed.
-  auto none = PlanCompaction(std::vector<int32_t>{}, Iota(40), 16);
+  auto none = PlanCompaction(std::vector<int32_t>{}, testing::Range(0, 40), 16);
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->n_freed_blocks, 3);
   // Block size 1.
-  auto b1 = PlanCompaction(std::vector<int32_t>{2, 5}, Iota(6), 1);
+  auto b1 = PlanCompaction(std::vector<int32_t>{2, 5}, testing::Range(0, 6), 1);
   ASSERT_TRUE(b1.ok());
   EXPECT_EQ(b1->n_blocks, 2);
   EXPECT_EQ(b1->n_freed_blocks, 4);
   // Negative kept slot.
-  EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{-1, 0}, Iota(6), 1).ok());
+  EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{-1, 0}, testing::Range(0, 6), 1).ok());
   // A huge block size must not overflow (n_slots + block_size - 1).
-  auto big = PlanCompaction(std::vector<int32_t>{0, 2}, Iota(5), kMax);
+  auto big = PlanCompaction(std::vector<int32_t>{0, 2}, testing::Range(0, 5), kMax);
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(big->n_blocks, 1);
   EXPECT_EQ(big->n_freed_blocks, 0);
@@ -171,8 +166,8 @@ TEST(PlanCompactionEdges, Extremes) {
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->positions, (std::vector<int32_t>{std::numeric_limits<int32_t>::min(), kMax}));
   // Frozen beyond the slots, negative frozen.
-  EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{0}, Iota(3), 16, 4).ok());
-  EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{0}, Iota(3), 16, -1).ok());
+  EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{0}, testing::Range(0, 3), 16, 4).ok());
+  EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{0}, testing::Range(0, 3), 16, -1).ok());
 }
 
 // ---- byte moves ----

@@ -15,15 +15,10 @@
 #include "kv/compaction.h"
 #include "kv/eviction_policy.h"
 #include "kv/kv_storage.h"
+#include "testing/int_lists.h"
 
 namespace kvs {
 namespace {
-
-std::vector<int32_t> Iota(int32_t n) {
-  std::vector<int32_t> v(n);
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
 
 TEST(SelectKept, SinksWindowAndTheBestScoredUpToTheBudget) {
   // 20 slots, sink 2, window 3, budget 8: slots 0, 1 and 17-19, then the three best of 2..16.
@@ -36,8 +31,8 @@ TEST(SelectKept, SinksWindowAndTheBestScoredUpToTheBudget) {
   ASSERT_TRUE(kept.ok()) << kept.error();
   EXPECT_EQ(*kept, (std::vector<int32_t>{0, 1, 4, 9, 12, 17, 18, 19}));
   // A budget at or above the length keeps everything.
-  EXPECT_EQ(*SelectKept(scores, 20, {2, 3}), Iota(20));
-  EXPECT_EQ(*SelectKept(scores, 99, {2, 3}), Iota(20));
+  EXPECT_EQ(*SelectKept(scores, 20, {2, 3}), testing::Range(0, 20));
+  EXPECT_EQ(*SelectKept(scores, 99, {2, 3}), testing::Range(0, 20));
 }
 
 TEST(SelectKept, SharedSlotsAreKeptAndCount) {
@@ -70,7 +65,7 @@ TEST(SelectKept, NanScoresRankLastInsteadOfBreakingTheSort) {
 }
 
 TEST(StreamingPolicy, KeepsTheSinksAndTheMostRecent) {
-  const std::vector<int32_t> positions = Iota(20);
+  const std::vector<int32_t> positions = testing::Range(0, 20);
   std::vector<float> scores(20);
   StreamingPolicy policy;
   ASSERT_TRUE(policy.Score({20, positions, {}, 0, 0, {}}, scores).ok());
@@ -115,7 +110,7 @@ TEST(KeyDiffPolicy, MatchesItsScalarTwinAndKeepsTheOddKeysOut) {
   }
   KeyDiffPolicy policy;
   ASSERT_TRUE(policy.needs_keys());
-  const std::vector<int32_t> positions = Iota(n);
+  const std::vector<int32_t> positions = testing::Range(0, n);
   std::vector<float> scores(n);
   ASSERT_TRUE(policy.Score({n, positions, keys, heads, dim, {}}, scores).ok());
   const std::vector<double> twin = KeyDiffTwin(keys, n, heads, dim);
@@ -129,7 +124,7 @@ TEST(KeyDiffPolicy, MatchesItsScalarTwinAndKeepsTheOddKeysOut) {
 }
 
 TEST(H2oPolicy, KeepsTheHeavyHitters) {
-  const std::vector<int32_t> positions = Iota(12);
+  const std::vector<int32_t> positions = testing::Range(0, 12);
   std::vector<float> mass(12, 0.01f);
   mass[3] = 0.9f;
   mass[7] = 0.5f;
@@ -149,7 +144,7 @@ TEST(H2oPolicy, KeepsTheHeavyHitters) {
 
 TEST(SnapKvPolicy, PoolsTheObservedAttentionOverNeighbours) {
   const int32_t n = 10;
-  const std::vector<int32_t> positions = Iota(n);
+  const std::vector<int32_t> positions = testing::Range(0, n);
   std::vector<float> mass(n, 0.0f);
   mass[5] = 7.0f;
   std::vector<float> scores(n);
@@ -217,7 +212,7 @@ TEST(MakeEvictionPolicy, KnownNamesAndAHelpfulError) {
 
 TEST(PlanCompaction, MovesKeptSlotsForwardAndFreesTailBlocks) {
   // 40 slots in blocks of 16 (3 blocks); keep 6: they fit one block, two come free.
-  std::vector<int32_t> positions = Iota(40);
+  std::vector<int32_t> positions = testing::Range(0, 40);
   for (int32_t& p : positions) p += 100;  // positions are not slots
   auto plan = PlanCompaction(std::vector<int32_t>{0, 1, 5, 20, 21, 39}, positions, 16);
   ASSERT_TRUE(plan.ok()) << plan.error();
@@ -227,14 +222,14 @@ TEST(PlanCompaction, MovesKeptSlotsForwardAndFreesTailBlocks) {
   EXPECT_EQ(plan->n_blocks, 1);
   EXPECT_EQ(plan->n_freed_blocks, 2);
   // Keeping everything moves nothing and frees nothing.
-  auto all = PlanCompaction(Iota(40), positions, 16);
+  auto all = PlanCompaction(testing::Range(0, 40), positions, 16);
   ASSERT_TRUE(all.ok());
   EXPECT_TRUE(all->moves.empty());
   EXPECT_EQ(all->n_freed_blocks, 0);
 }
 
 TEST(PlanCompaction, RefusesBadKeptListsAndMovesIntoSharedSlots) {
-  const std::vector<int32_t> positions = Iota(32);
+  const std::vector<int32_t> positions = testing::Range(0, 32);
   EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{0, 3, 3}, positions, 16).ok());
   EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{0, 5, 2}, positions, 16).ok());
   EXPECT_FALSE(PlanCompaction(std::vector<int32_t>{0, 32}, positions, 16).ok());
@@ -291,7 +286,7 @@ TEST(MoveKvSlot, KeptRowsReadBackBitForBitForEveryType) {
     std::vector<std::vector<float>> before;
     for (int32_t s = 0; s < 48; ++s) before.push_back(StoredRow(layer, 16 + s));
     const std::vector<int32_t> kept = {0, 1, 2, 7, 15, 16, 17, 30, 31, 33, 47};
-    auto plan = PlanCompaction(kept, Iota(48), 16);
+    auto plan = PlanCompaction(kept, testing::Range(0, 48), 16);
     ASSERT_TRUE(plan.ok());
     for (const SlotMove& m : plan->moves) MoveKvSlot(layer, 16 + m.src, 16 + m.dst);
     for (size_t i = 0; i < kept.size(); ++i) {
@@ -364,7 +359,7 @@ TEST(MoveKvSlots, RunsEqualSlotBySlotMovesByteForByte) {
     for (int32_t s = 7; s < 30; ++s) kept.push_back(s);
     for (int32_t s = 36; s < 52; ++s) kept.push_back(s);
     for (int32_t s = 63; s < 80; ++s) kept.push_back(s);
-    auto plan = PlanCompaction(kept, Iota(80), 16);
+    auto plan = PlanCompaction(kept, testing::Range(0, 80), 16);
     ASSERT_TRUE(plan.ok());
     for (const SlotMove& m : plan->moves) MoveKvSlot(by_slot.layers()[0], 16 + m.src, 16 + m.dst);
     for (size_t i = 0; i < plan->moves.size();) {

@@ -27,8 +27,6 @@
 namespace kvs {
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 // The test's own pairing of rotated dims: adjacent, or half apart for neox.
 std::pair<int, int> Pair(int i, int n_rot, bool neox) {
   return neox ? std::pair{i, i + n_rot / 2} : std::pair{2 * i, 2 * i + 1};
@@ -273,7 +271,7 @@ TEST(TriPolicy, BadInputIsAnErrorAndANonFiniteKeyOnlyPoisonsItsSlot) {
   EXPECT_FALSE(policy.Score(Input(n, pos, keys, heads, dim, n, 1), scores).ok());
   pos[0] = 0;
 
-  keys[(3 * heads + 1) * dim + 2] = kNaN;  // slot 3, second head
+  keys[(3 * heads + 1) * dim + 2] = std::numeric_limits<float>::quiet_NaN();  // slot 3, second head
   keys[5 * heads * dim] = std::numeric_limits<float>::infinity();
   ASSERT_TRUE(policy.Score(Input(n, pos, keys, heads, dim, n, 1), scores).ok());
   for (int s = 0; s < n; ++s) {
@@ -295,8 +293,8 @@ TEST(TriPolicy, BadCalibrationsAreErrors) {
       broken([](TriCalibration& c) { c.n_rot = 10; }),  // more than head_dim
       broken([](TriCalibration& c) { c.theta.pop_back(); }),
       broken([](TriCalibration& c) { c.query_mean.pop_back(); }),
-      broken([](TriCalibration& c) { c.query_mean[5] = kNaN; }),
-      broken([](TriCalibration& c) { c.theta[0] = kNaN; }),
+      broken([](TriCalibration& c) { c.query_mean[5] = std::numeric_limits<float>::quiet_NaN(); }),
+      broken([](TriCalibration& c) { c.theta[0] = std::numeric_limits<float>::quiet_NaN(); }),
       broken([](TriCalibration& c) { c.n_layer = 0; }),
   };
   std::vector<int32_t> pos = {0, 1};

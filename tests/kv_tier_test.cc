@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
 #include "kv/block_store.h"
+#include "testing/temp_dir.h"
 #include "testing/test_models.h"
 
 namespace kvs {
@@ -30,23 +31,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kModel = "stories260K.gguf";
 
-// A fresh directory under the test's temporary directory, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvs-tier-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 // Prompts of ~70 tokens (four full blocks of 16, then a tail), different from their second token.
 std::vector<std::vector<int32_t>> Prompts(const Model& model, int32_t n = 3) {

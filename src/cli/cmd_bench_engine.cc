@@ -22,11 +22,6 @@
 namespace kvs::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // ---- bench memory -------------------------------------------------------------------------
 
 struct MemoryArgs {

@@ -18,11 +18,6 @@
 namespace kvs::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 struct EvictArgs {
   std::string model;
   int32_t requests = 16;

@@ -22,8 +22,6 @@
 namespace kvs::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct ServeBenchArgs {
   std::string url = "http://127.0.0.1:8080";
   std::string api_key;

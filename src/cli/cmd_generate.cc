@@ -29,10 +29,6 @@ struct GenerateArgs {
   kvserve::GenerationOptions gen;
 };
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 int RunGenerate(GenerateArgs a) {
   std::string model_path = a.model;
   if (!ResolveModelPath(model_path)) return 1;

@@ -2,6 +2,7 @@
 // user chose it. Runners return the process exit code.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +16,11 @@
 namespace kvs::cli {
 
 using Runner = std::function<int()>;
+
+using Clock = std::chrono::steady_clock;
+inline double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 Runner AddGenerateCommand(CLI::App& root);
 Runner AddTokenizeCommand(CLI::App& root);

@@ -14,7 +14,7 @@
 
 namespace kvs {
 namespace {
-constexpr char kSuffix[] = ".kvb";
+constexpr char kBlockSuffix[] = ".kvb";
 constexpr size_t kHexDigits = 32;
 }  // namespace
 
@@ -77,7 +77,7 @@ Expected<std::unique_ptr<DiskBlockStore>> DiskBlockStore::Open(
       continue;
     }
     BlockHash hash;
-    if (name.size() != kHexDigits + sizeof(kSuffix) - 1 || !name.ends_with(kSuffix) ||
+    if (name.size() != kHexDigits + sizeof(kBlockSuffix) - 1 || !name.ends_with(kBlockSuffix) ||
         !ParseBlockHashHex(name.substr(0, kHexDigits), &hash)) {
       continue;  // not ours: left alone
     }
@@ -106,7 +106,7 @@ Expected<std::unique_ptr<DiskBlockStore>> DiskBlockStore::Open(
 }
 
 std::string DiskBlockStore::PathOf(const BlockHash& hash) const {
-  return dir_ + "/" + BlockHashHex(hash) + kSuffix;
+  return dir_ + "/" + BlockHashHex(hash) + kBlockSuffix;
 }
 
 void DiskBlockStore::Touch(Entry& e, const BlockHash& hash) {
@@ -141,7 +141,7 @@ Status DiskBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file)
     MakeRoomLocked(file.size());
   }
   // The write happens outside the lock: lookups go on while a block reaches the disk.
-  KVS_RETURN_IF_ERROR(WriteFileAtomically(dir_, BlockHashHex(hash) + kSuffix, file));
+  KVS_RETURN_IF_ERROR(WriteFileAtomically(dir_, BlockHashHex(hash) + kBlockSuffix, file));
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = index_.try_emplace(hash);
   if (!inserted) {  // another Put of the same block finished first

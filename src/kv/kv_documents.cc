@@ -17,7 +17,7 @@
 
 namespace kvs {
 namespace {
-constexpr std::string_view kSuffix = ".json";
+constexpr std::string_view kRecordSuffix = ".json";
 constexpr uint64_t kMaxRecordBytes = uint64_t{64} << 20;
 }  // namespace
 
@@ -64,7 +64,7 @@ Expected<std::unique_ptr<KvDocuments>> KvDocuments::Open(const std::string& stor
 }
 
 std::string KvDocuments::PathOf(std::string_view name) const {
-  return dir_ + "/" + std::string(name) + std::string(kSuffix);
+  return dir_ + "/" + std::string(name) + std::string(kRecordSuffix);
 }
 
 Status KvDocuments::Put(const KvDocument& doc) {
@@ -77,7 +77,7 @@ Status KvDocuments::Put(const KvDocument& doc) {
   const std::string text = j.dump(1) + "\n";
   std::lock_guard<std::mutex> lock(mu_);
   return WriteFileAtomically(
-      dir_, doc.name + std::string(kSuffix),
+      dir_, doc.name + std::string(kRecordSuffix),
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }
 
@@ -128,8 +128,8 @@ std::vector<KvDocument> KvDocuments::List() const {
   if (d == nullptr) return out;
   while (const dirent* e = ::readdir(d)) {
     const std::string_view file = e->d_name;
-    if (!file.ends_with(kSuffix)) continue;
-    const std::string_view name = file.substr(0, file.size() - kSuffix.size());
+    if (!file.ends_with(kRecordSuffix)) continue;
+    const std::string_view name = file.substr(0, file.size() - kRecordSuffix.size());
     if (!ValidateDocumentName(name).ok()) continue;
     auto doc = ReadRecord(dir_ + "/" + std::string(file));
     if (!doc.ok()) {

@@ -7,12 +7,6 @@
 namespace kvs::server {
 namespace {
 
-void SendError(http::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.content_type = "application/json";
-  res.body = Dump(ErrorJson(e));
-}
-
 nlohmann::json DocumentJson(const kvserve::KvDocumentInfo& d) {
   return {{"object", "kv.document"}, {"name", d.name},     {"status", d.status},
           {"tokens", d.tokens},      {"blocks", d.blocks}, {"blocks_on_disk", d.blocks_on_disk},

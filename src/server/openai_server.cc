@@ -12,7 +12,6 @@
 #include "server/openai_api.h"
 
 namespace kvs::server {
-namespace {
 
 void SendError(http::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -20,6 +19,8 @@ void SendError(http::Response& res, const ApiError& e) {
   res.body = Dump(ErrorJson(e));
   res.stream = nullptr;
 }
+
+namespace {
 
 std::string FileStem(const std::string& path) {
   std::string name = path.substr(path.find_last_of('/') + 1);

@@ -24,6 +24,8 @@ namespace kvs::server {
 inline constexpr const char* kKvDocumentsPath = "/v1/kv/documents";
 // /v1/kv/documents and /v1/kv/documents/{name}.
 bool IsKvDocumentPath(const std::string& path);
+// Answers with `e` in the OpenAI error format (and no stream).
+void SendError(http::Response& res, const ApiError& e);
 
 struct ServerOptions {
   std::string model_path;
