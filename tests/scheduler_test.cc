@@ -372,6 +372,95 @@ TEST(Scheduler, PlanLooksUpWaitingPromptsWithTheHashesKeptFromQueueing) {
   EXPECT_TRUE(kv.VerifyIntegrity().ok());
 }
 
+// --- Stall-free batching (--max-step-ms): the step token cap.
+
+TEST(StallFree, DecodesAllRunAndPromptsShareWhatTheCapLeaves) {
+  KvCacheManager kv(65, 16);
+  Scheduler sched(SchedulerConfig{8, 256, 0}, kv);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  auto a = MakeSequence(1, Prompt(4, 1), key);
+  auto b = MakeSequence(2, Prompt(4, 2), key);
+  sched.AddWaiting(a.get());
+  sched.AddWaiting(b.get());
+  std::vector<BlockCopy> copies;
+  sched.Apply(sched.Plan(), &copies);  // both prompts whole
+  Computed(kv, a.get(), 4);
+  Computed(kv, b.get(), 4);
+  a->tokens.push_back(5);  // sampled: both decode now
+  b->tokens.push_back(6);
+  auto c = MakeSequence(3, Prompt(100, 3), key);
+  auto d = MakeSequence(4, Prompt(100, 4), key);
+  sched.AddWaiting(c.get());
+  sched.AddWaiting(d.get());
+  // No cap: the budget of 256 takes both prompts whole beside the decodes.
+  EXPECT_EQ(Runs(sched.Plan()),
+            (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, 100, 1}, {4, 100, 1}}));
+  // Cap 40: the two decodes, then 38 tokens of c's prompt; d waits (nothing left for it).
+  sched.set_step_token_cap(40);
+  SchedulePlan plan = sched.Plan();
+  EXPECT_EQ(Runs(plan), (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, 38, 0}}));
+  EXPECT_EQ(plan.n_tokens, 40);
+  sched.Apply(plan, &copies);
+  Computed(kv, a.get(), 1);
+  Computed(kv, b.get(), 1);
+  Computed(kv, c.get(), 38);
+  a->tokens.push_back(7);
+  b->tokens.push_back(8);
+  // c is a running prefill now: its next chunk comes after the decodes, under the same cap.
+  EXPECT_EQ(Runs(sched.Plan()), (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, 38, 0}}));
+  // A cap the decodes alone exceed still gives prompts kMinPrefillTokens a step.
+  sched.set_step_token_cap(1);
+  EXPECT_EQ(Runs(sched.Plan()),
+            (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, kMinPrefillTokens, 0}}));
+  // A cap above what is pending changes nothing.
+  sched.set_step_token_cap(1000);
+  EXPECT_EQ(Runs(sched.Plan()),
+            (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, 62, 1}, {4, 100, 1}}));
+  EXPECT_TRUE(kv.VerifyIntegrity().ok());
+}
+
+TEST(StallFree, WithNothingDecodingPromptsTakeTheWholeBudget) {
+  KvCacheManager kv(65, 16);
+  Scheduler sched(SchedulerConfig{8, 256, 0}, kv);
+  sched.set_step_token_cap(40);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  auto c = MakeSequence(3, Prompt(100, 3), key);
+  auto d = MakeSequence(4, Prompt(200, 4), key);
+  sched.AddWaiting(c.get());
+  sched.AddWaiting(d.get());
+  // Nobody decodes, so nobody's inter-token latency is at stake: first tokens come first.
+  EXPECT_EQ(Runs(sched.Plan()), (std::vector<PlannedRun>{{3, 100, 1}, {4, 156, 0}}));
+}
+
+TEST(StallFree, TheEngineCutsPromptsWhileOthersDecodeAndOutputsStayTheSame) {
+  for (const double max_step_ms : {0.0, 1e-6}) {
+    SCOPED_TRACE(max_step_ms);
+    FakeRunner runner;
+    EngineConfig config = Config(64, 16, 4, 64);
+    config.max_step_ms = max_step_ms;  // 1e-6: no step fits, so prompts get the floor
+    Engine e(config, runner);
+    Collected a, b;
+    Submit(e, Prompt(6, 1), Greedy(8), &a);   // seq 1
+    ASSERT_TRUE(e.Step().ok());               // its prompt; it decodes from now on
+    Submit(e, Prompt(40, 2), Greedy(2), &b);  // seq 2
+    ASSERT_TRUE(e.Step().ok());
+    ASSERT_TRUE(e.Step().ok());
+    ASSERT_TRUE(e.Step().ok());
+    const std::vector<std::vector<RunRecord>> cut = {
+        {{1, 0, 6}},
+        {{1, 6, 1}, {2, 0, kMinPrefillTokens}},
+        {{1, 7, 1}, {2, 16, kMinPrefillTokens}},
+        {{1, 8, 1}, {2, 32, 8}},  // the last chunk samples
+    };
+    const std::vector<std::vector<RunRecord>> whole = {
+        {{1, 0, 6}}, {{1, 6, 1}, {2, 0, 40}}, {{1, 7, 1}, {2, 40, 1}}, {{1, 8, 1}}};
+    EXPECT_EQ(runner.steps, max_step_ms > 0 ? cut : whole);
+    RunToEnd(e);
+    EXPECT_EQ(a.tokens[0], ExpectedOutput(Prompt(6, 1), 8));
+    EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(40, 2), 2));
+  }
+}
+
 TEST(Scheduler, DraftsInFlightAreNotAPrefillAndNeedALogitRowEach) {
   KvCacheManager kv(33, 4);
   kv.set_prefix_caching(true);

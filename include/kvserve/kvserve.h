@@ -59,11 +59,17 @@ class Model {
   std::unique_ptr<Impl> impl_;
 };
 
+// The default step-time target of stall-free batching (--max-step-ms); see docs/BENCHMARKS.md.
+inline constexpr double kDefaultMaxStepMs = 150;
+
 struct EngineOptions {
   int32_t n_ctx = 4096;            // -c: most tokens (prompt + output) of one sequence
   int32_t n_parallel = 4;          // -np: sequences decoded together (at most 1024)
   int32_t max_batch_tokens = 512;  // tokens computed per step (prefill chunks + decodes)
-  int32_t block_size = 16;         // positions per KV block (a multiple of 16)
+  // Stall-free batching: while sequences decode, a step's prefill share is cut so that the step
+  // takes about this long (a cost model fitted to the steps run); 0: steps of max_batch_tokens.
+  double max_step_ms = kDefaultMaxStepMs;
+  int32_t block_size = 16;  // positions per KV block (a multiple of 16)
   // KV cache memory; 0: room for n_parallel full contexts, at most half the available RAM.
   int64_t kv_memory_bytes = 0;
   // 0: one per CPU this process may use; more than that are clamped to it, with a warning.

@@ -180,6 +180,7 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   ec.n_ctx = o.n_ctx;
   ec.max_seqs = o.n_parallel;
   ec.max_batch_tokens = o.max_batch_tokens;
+  ec.max_step_ms = o.max_step_ms;
   ec.block_size = o.block_size;
   ec.n_blocks = static_cast<int32_t>(n_blocks);
   ec.reserve_full_context = o.reserve_full_context;

@@ -15,6 +15,7 @@
 #include "core/page_memory.h"
 #include "core/thread_pool.h"
 #include "engine/engine_builder.h"
+#include "kernels/compute_peak.h"
 #include "kernels/kv_types.h"
 #include "tokenizer/tokenizer.h"
 
@@ -50,10 +51,6 @@ MeanStd Summarize(const std::vector<double>& v) {
     s.stddev = std::sqrt(var / (v.size() - 1));
   }
   return s;
-}
-
-double Seconds(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int RunSpeed(const SpeedArgs& a) {
@@ -164,7 +161,7 @@ int RunSpeed(const SpeedArgs& a) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
         return 1;
       }
-      if (rep >= 0) pp.push_back(a.n_prompt / Seconds(t0));
+      if (rep >= 0) pp.push_back(a.n_prompt / Since(t0));
     }
     if (a.n_gen > 0) {
       auto t0 = std::chrono::steady_clock::now();
@@ -177,7 +174,7 @@ int RunSpeed(const SpeedArgs& a) {
         }
         token = static_cast<int32_t>(rng() % c.n_vocab);
       }
-      if (rep >= 0) tg.push_back(a.n_gen / Seconds(t0));
+      if (rep >= 0) tg.push_back(a.n_gen / Since(t0));
     }
     if (!a.json && rep >= 0) std::fprintf(stderr, "rep %d/%d done\n", rep + 1, a.reps);
   }
@@ -259,7 +256,7 @@ int RunBandwidth(int32_t requested_threads, int32_t size_mib, const std::string&
       for (float v : acc) total += v;
       sums[t] += total;  // keeps the loads alive
     });
-    best = std::max(best, bytes / Seconds(t0) / 1e9);
+    best = std::max(best, bytes / Since(t0) / 1e9);
   }
   if (json) {
     nlohmann::json j = {{"threads", threads},
@@ -288,11 +285,48 @@ int RunBandwidth(int32_t requested_threads, int32_t size_mib, const std::string&
   return 0;
 }
 
+// The compute roofline: every thread runs the multiply-add loops of kernels/compute_peak.h at
+// once; best of five passes each. A multiply-add counts as two operations in OPS and FLOPS.
+int RunCompute(int32_t requested_threads, bool json) {
+  const int32_t threads = ThreadPool::ResolveThreadCount(requested_threads);
+  const bool avx512 = ComputePeakHasAvx512();
+  const int64_t iterations = avx512 ? int64_t{1} << 24 : int64_t{1} << 10;
+  ThreadPool pool(threads);
+  std::vector<double> sink(threads);
+  const auto best_rate = [&](auto loop, int64_t macs_per_iteration) {
+    double best = 0;
+    for (int pass = 0; pass < 5; ++pass) {
+      const auto t0 = std::chrono::steady_clock::now();
+      pool.ParallelFor(threads, 1, [&](int t, size_t, size_t) {
+        sink[t] += static_cast<double>(loop(iterations, static_cast<uint32_t>(pass * 64 + t)));
+      });
+      best = std::max(best, threads * iterations * macs_per_iteration / Since(t0));
+    }
+    return best;
+  };
+  const double int8 = best_rate(Int8MacLoop, kInt8MacsPerIteration);
+  const double f32 = best_rate(F32MacLoop, kF32MacsPerIteration);
+  const char* isa = avx512 ? "avx512-vnni" : "scalar";
+  if (json) {
+    nlohmann::json j = {{"threads", threads},          {"isa", isa},
+                        {"int8_gmacs", int8 / 1e9},    {"int8_tops", 2 * int8 / 1e12},
+                        {"f32_gflops", 2 * f32 / 1e9}, {"f32_gmacs", f32 / 1e9}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf(
+        "compute peak, %d thread(s), %s: int8 (vpdpbusd) %.0f GMAC/s = %.2f TOPS; f32 "
+        "(vfmadd) %.0f GMAC/s = %.0f GFLOPS (checksum %g)\n",
+        threads, isa, int8 / 1e9, 2 * int8 / 1e12, f32 / 1e9, 2 * f32 / 1e9, sink[0]);
+  }
+  if (!avx512) std::fprintf(stderr, "warning: built without AVX-512 VNNI: scalar loops\n");
+  return 0;
+}
+
 }  // namespace
 
 Runner AddBenchCommand(CLI::App& root) {
   CLI::App* bench = root.add_subcommand(
-      "bench", "Benchmarks (speed, bandwidth, memory, throughput, serve, spec, evict)");
+      "bench", "Benchmarks (speed, bandwidth, compute, memory, throughput, serve, spec, evict)");
   bench->require_subcommand(1);
   auto a = std::make_shared<SpeedArgs>();
   CLI::App* speed = bench->add_subcommand(
@@ -348,16 +382,25 @@ Runner AddBenchCommand(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::IsMember({"huge", "small"}));
   bandwidth->add_flag("--json", bw->json, "Print one JSON object");
+  auto cp = std::make_shared<std::pair<int32_t, bool>>(ThreadPool::DefaultThreadCount(), false);
+  CLI::App* compute = bench->add_subcommand(
+      "compute", "Multiply-add peak of this CPU, int8 (VNNI) and f32 (FMA): the compute roofline");
+  compute->add_option("-t,--threads", cp->first, kThreadsHelp)
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  compute->add_flag("--json", cp->second, "Print one JSON object");
   Runner engine_benches = AddEngineBenchCommands(bench);
   Runner serve_bench = AddServeBenchCommand(bench);
   Runner spec_bench = AddSpecBenchCommand(bench);
   Runner evict_bench = AddEvictBenchCommand(bench);
-  return [a, speed, bw, bandwidth, engine_benches, serve_bench, spec_bench, evict_bench]() -> int {
+  return [a, speed, bw, bandwidth, cp, compute, engine_benches, serve_bench, spec_bench,
+          evict_bench]() -> int {
     if (const int rc = evict_bench(); rc >= 0) return rc;
     if (const int rc = engine_benches(); rc >= 0) return rc;
     if (const int rc = spec_bench(); rc >= 0) return rc;
     if (const int rc = serve_bench(); rc >= 0) return rc;
     if (bandwidth->parsed()) return RunBandwidth(bw->threads, bw->size_mib, bw->pages, bw->json);
+    if (compute->parsed()) return RunCompute(cp->first, cp->second);
     if (!speed->parsed()) return 1;
     return RunSpeed(*a);
   };

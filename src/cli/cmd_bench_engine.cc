@@ -321,6 +321,7 @@ int RunThroughput(ThroughputArgs a) {
                       {"prompt_tokens", a.prompt_tokens},
                       {"gen_tokens", a.gen_tokens},
                       {"max_batch_tokens", eo.max_batch_tokens},
+                      {"max_step_ms", eo.max_step_ms},
                       {"threads", engine->options().threads},
                       {"wall_s", wall},
                       {"output_tokens", n_out},

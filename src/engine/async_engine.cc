@@ -30,7 +30,7 @@ Expected<RequestId> AsyncEngine::Submit(std::vector<int32_t> prompt, const Reque
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Status::Error("the engine is shutting down");
-    inbox_.push_back(Command{id, false, std::move(prompt), options, std::move(on_token)});
+    inbox_.push_back(Command{id, false, std::move(prompt), options, std::move(on_token), {}, {}});
   }
   wake_.notify_one();
   return id;
@@ -39,7 +39,7 @@ Expected<RequestId> AsyncEngine::Submit(std::vector<int32_t> prompt, const Reque
 void AsyncEngine::Cancel(RequestId id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    inbox_.push_back(Command{id, true, {}, {}, {}});
+    inbox_.push_back(Command{id, true, {}, {}, {}, {}, {}});
   }
   wake_.notify_one();
 }

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/check.h"
@@ -32,6 +33,10 @@ Status EngineConfig::Validate() const {
   if (max_batch_tokens < 1 || max_batch_tokens > 65536) {
     return Status::Error(
         StrFormat("--max-batch-tokens %d: must be between 1 and 65536", max_batch_tokens));
+  }
+  if (!(max_step_ms >= 0 && max_step_ms <= 60000)) {
+    return Status::Error(
+        StrFormat("--max-step-ms %g: must be between 0 (off) and 60000", max_step_ms));
   }
   if (block_size < 1) return Status::Error("--block-size must be positive");
   KVS_RETURN_IF_ERROR(spec.Validate());
@@ -332,6 +337,10 @@ Status Engine::Step(EngineStepStats* stats) {
     });
   }
   if (drafter_) AddLookahead();
+  const auto step_start = std::chrono::steady_clock::now();
+  if (config_.max_step_ms > 0 && step_cost_.ready()) {
+    scheduler_.set_step_token_cap(std::max(1, step_cost_.TokensWithin(config_.max_step_ms / 1e3)));
+  }
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};
   if (plan.empty()) {
@@ -406,6 +415,11 @@ Status Engine::Step(EngineStepStats* stats) {
   // Lookahead the plan left out (no budget for it) is dropped: drafts live for one step.
   for (Sequence* seq : scheduler_.running()) DropDrafts(seq);
 
+  if (!runs_.empty()) {
+    step_cost_.Observe(
+        plan.n_tokens,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+  }
   if (config_.verify_each_step) {
     const Status integrity = kv_.VerifyIntegrity();
     KVS_CHECK_MSG(integrity.ok(), integrity.message().c_str());

@@ -17,6 +17,7 @@
 #include "engine/scheduler.h"
 #include "engine/spec/drafter.h"
 #include "engine/spec/spec_policy.h"
+#include "engine/step_cost_model.h"
 #include "engine/step_runner.h"
 #include "kv/kv_cache_manager.h"
 
@@ -32,6 +33,7 @@ struct EngineConfig {
   int32_t n_ctx = 4096;               // -c: most positions (prompt + output) one sequence may hold
   int32_t max_seqs = 4;               // -np/--parallel
   int32_t max_batch_tokens = 512;     // --max-batch-tokens
+  double max_step_ms = 0;             // --max-step-ms: stall-free batching's step target; 0 off
   int32_t block_size = 16;            // --block-size
   int32_t n_blocks = 0;               // pool size, null block included (from --kv-memory)
   int32_t watermark_blocks = -1;      // -1: 1% of the pool
@@ -142,6 +144,7 @@ class Engine {
   StepRunner& runner_;
   KvCacheManager kv_;
   Scheduler scheduler_;
+  StepCostModel step_cost_;  // step wall time against tokens, for --max-step-ms
   std::map<RequestId, RequestState> requests_;
   std::map<SeqId, std::unique_ptr<Sequence>> sequences_;
   RequestId next_request_ = 1;

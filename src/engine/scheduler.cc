@@ -88,10 +88,25 @@ SchedulePlan Scheduler::Plan() const {
   for (Sequence* s : running_) {
     if (s->in_prefill()) order.push_back(s);
   }
+  // Prefill's share of the budget, fixed once the decodes are planned (stall-free batching).
+  int32_t prefill_budget = budget;
+  bool decodes_planned = false;
+  const auto close_decodes = [&] {
+    if (decodes_planned) return;
+    decodes_planned = true;
+    const bool decoding = !plan.runs.empty();
+    if (step_token_cap_ > 0 && decoding) {
+      const int32_t used = config_.max_batch_tokens - budget;
+      prefill_budget = std::max(step_token_cap_ - used, kMinPrefillTokens);
+    }
+    prefill_budget = std::min(prefill_budget, budget);
+  };
   for (Sequence* seq : order) {
-    if (budget == 0) break;
+    const bool prefill = seq->in_prefill();
+    if (prefill) close_decodes();
+    if (budget == 0 || (prefill && prefill_budget == 0)) break;
     if (Contains(plan.preempt, seq)) continue;
-    const int32_t n = std::min(ChunkCap(*seq), budget);
+    const int32_t n = std::min({ChunkCap(*seq), budget, prefill ? prefill_budget : budget});
     if (n <= 0) continue;
     const int32_t need = kv_.BlocksToAppend(seq->id, n);
     while (need > free) {
@@ -113,20 +128,22 @@ SchedulePlan Scheduler::Plan() const {
     scheduled.push_back(seq);
     free -= need;
     budget -= n;
+    if (prefill) prefill_budget -= n;
   }
+  close_decodes();
 
   // Admissions, in queue order, never past a sequence that does not fit (no overtaking).
   if (plan.preempt.empty()) {
     int32_t seats = running_seats();
     for (Sequence* seq : waiting_) {
-      if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
+      if (prefill_budget == 0 || seats + seq->seats > config_.max_seqs) break;
       // Its prefix is being loaded from a lower tier: later sequences go first meanwhile (as
       // vLLM's requests waiting for remote KV), and it is admitted once the load ended.
       if (seq->kv_loading) continue;
       // The cached prefix is shared, not computed: only the rest is prefilled. Its blocks were
       // hashed when the sequence was queued (AddWaiting).
       PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());
-      const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), budget);
+      const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), prefill_budget);
       const int32_t need = prefix.blocks.empty()
                                ? AdmissionBlocks(*seq, n)
                                : kv_.BlocksFor(prefix.n_tokens + n) -
@@ -139,6 +156,7 @@ SchedulePlan Scheduler::Plan() const {
       plan.runs.push_back({seq, n, LogitRows(*seq, first, n)});
       free -= need;
       budget -= n;
+      prefill_budget -= n;
       seats += seq->seats;
     }
   }

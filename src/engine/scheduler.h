@@ -9,6 +9,9 @@
 // (recompute: its blocks are freed and it rejoins the queue at its old place). New sequences
 // are admitted in order (priority, then arrival) only when no one was preempted this step,
 // seats (-np) remain, and their first chunk's blocks leave the watermark free.
+// Stall-free batching (Sarathi-Serve): with a step token cap set, a step in which sequences
+// decode computes at most that many tokens: every decode runs, and prefill chunks and
+// admissions share what is left, never less than kMinPrefillTokens so prompts keep moving.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,9 @@
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {
+
+// Prefill tokens a step gives waiting prompts however many sequences decode (one block).
+inline constexpr int32_t kMinPrefillTokens = 16;
 
 struct SchedulerConfig {
   int32_t max_seqs = 4;            // -np: sequences running at once
@@ -60,6 +66,11 @@ class Scheduler {
   // Drops a finished or cancelled sequence and frees its blocks at once.
   void Remove(Sequence* seq);
 
+  // The most tokens a step in which sequences decode may compute (the engine derives it from
+  // --max-step-ms and its step cost model each step); 0: only max_batch_tokens.
+  void set_step_token_cap(int32_t n) { step_token_cap_ = n; }
+  int32_t step_token_cap() const { return step_token_cap_; }
+
   SchedulePlan Plan() const;
   // Preempts, admits and allocates; block copies (copy-on-write) are appended to *copies.
   void Apply(const SchedulePlan& plan, std::vector<BlockCopy>* copies);
@@ -81,6 +92,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // in queue order: priority high to low, then arrival
   std::vector<Sequence*> waiting_;  // same order
   int64_t prefix_queries_ = 0, prefix_hits_ = 0;
+  int32_t step_token_cap_ = 0;
 };
 
 // Queue order: higher priority first, then earlier arrival, then choice.

@@ -1,0 +1,38 @@
+// What a step costs: its wall time as a + b·tokens, fitted over the steps the engine ran by
+// exponentially weighted least squares (recent steps weigh most: this machine's speed drifts by
+// ±20% within minutes). Stall-free batching (Sarathi-Serve) asks it how many tokens fit in the
+// step-time target while sequences decode. Pure arithmetic on the observations it is given, so
+// tests feed it their own clock.
+#pragma once
+
+#include <cstdint>
+
+namespace kvs {
+
+class StepCostModel {
+ public:
+  // forget: the weight each older observation keeps per new one (0.9: the last ~10 steps count).
+  explicit StepCostModel(double forget = 0.9) : forget_(forget) {}
+
+  // A step computed n_tokens in `seconds`.
+  void Observe(int32_t n_tokens, double seconds);
+  bool ready() const { return s1_ > 0; }
+  // The fitted a (seconds) and b (seconds per token); {0, 0} before any observation.
+  double intercept() const;
+  double per_token() const;
+  // The most tokens a step may compute to take at most `seconds` (0 when even one does not fit,
+  // or before any observation).
+  int32_t TokensWithin(double seconds) const;
+
+ private:
+  struct Fit {
+    double a = 0, b = 0;
+  };
+  Fit Solve() const;
+
+  double forget_;
+  // Weighted sums: Σw, Σw·n, Σw·n², Σw·t, Σw·n·t.
+  double s0_ = 0, s1_ = 0, s2_ = 0, t1_ = 0, t2_ = 0;
+};
+
+}  // namespace kvs
