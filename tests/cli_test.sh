@@ -80,6 +80,17 @@ expect_error "block size not a multiple of 16" "multiple of 16" "$BIN" generate 
 expect_error "malformed --kv-memory" "kv-memory" "$BIN" generate -m "$S" -n 4 --kv-memory 12Q
 expect_error "--kv-memory too small" "need at least" "$BIN" generate -m "$S" -n 4 --kv-memory 1K
 expect_error "-np 0" "parallel" "$BIN" generate -m "$S" -n 4 -np 0
+expect_error "--max-step-ms nan" "max-step-ms" "$BIN" generate -m "$S" -n 4 --max-step-ms nan
+expect_error "--max-step-ms -1" "max-step-ms" "$BIN" generate -m "$S" -n 4 --max-step-ms -1
+# bench compute: the JSON alone on stdout, or (a build without AVX-512 VNNI) a refusal saying so.
+rc=0; "$BIN" bench compute -t 1 --json >"$TMP/compute" 2>"$TMP/compute.err" || rc=$?
+if [ $rc -eq 2 ]; then
+  grep -q "AVX-512 VNNI" "$TMP/compute.err" && pass "bench compute refused without VNNI" ||
+    fail "bench compute exit 2: $(head -c 300 "$TMP/compute.err")"
+else
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["int8_gmacs"] > 0 and j["f32_gmacs"] > 0 and j["threads"] == 1' "$TMP/compute" &&
+    pass "bench compute --json" || fail "bench compute (exit $rc): $(head -c 300 "$TMP/compute")"
+fi
 out=$("$BIN" generate -m "$S" -n 24 --temp 0 -np 4 --block-size 32 --kv-memory 1M --max-batch-tokens 3 -t 2 2>/dev/null)
 [ "$out" = "$(head -c ${#out} "$TMP/story")" ] && pass "same story with -np 4, 32-position blocks, 3-token steps" ||
   fail "engine flags changed the story: '$out'"

@@ -35,6 +35,9 @@ class FakeRunner final : public StepRunner {
     return Status::Ok();
   }
   Status Execute(const StepInput& step, float* logits) override {
+    if (clock_ms != nullptr) {  // a step costs 1 ms a token on the test's clock
+      for (const ScheduledRun& r : step.runs) *clock_ms += r.n_tokens;
+    }
     steps.emplace_back();
     copies.insert(copies.end(), step.copies.begin(), step.copies.end());
     int32_t row = 0;
@@ -52,6 +55,7 @@ class FakeRunner final : public StepRunner {
   }
   std::vector<std::vector<RunRecord>> steps;
   std::vector<BlockCopy> copies;
+  double* clock_ms = nullptr;
 };
 
 EngineConfig Config(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t budget) {
@@ -459,6 +463,53 @@ TEST(StallFree, TheEngineCutsPromptsWhileOthersDecodeAndOutputsStayTheSame) {
     EXPECT_EQ(a.tokens[0], ExpectedOutput(Prompt(6, 1), 8));
     EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(40, 2), 2));
   }
+}
+
+TEST(StallFree, TheStepTargetInMillisecondsMeetsTheStepsMeasuredCost) {
+  FakeRunner runner;
+  double now_ms = 0;
+  runner.clock_ms = &now_ms;  // 1 ms a token
+  EngineConfig config = Config(64, 16, 4, 64);
+  config.max_step_ms = 20;  // 20 tokens a step, decodes included
+  Engine e(config, runner);
+  e.set_clock([&now_ms] { return now_ms / 1e3; });
+  Collected a, b;
+  Submit(e, Prompt(6, 1), Greedy(8), &a);
+  ASSERT_TRUE(e.Step().ok());
+  Submit(e, Prompt(60, 2), Greedy(2), &b);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e.Step().ok());
+  const std::vector<std::vector<RunRecord>> want = {
+      {{1, 0, 6}},
+      {{1, 6, 1}, {2, 0, 19}},
+      {{1, 7, 1}, {2, 19, 19}},
+      {{1, 8, 1}, {2, 38, 19}},
+      {{1, 9, 1}, {2, 57, 3}},
+  };
+  EXPECT_EQ(runner.steps, want);
+  EXPECT_NEAR(e.step_cost().per_token(), 0.001, 1e-9);
+  EXPECT_NEAR(e.step_cost().intercept(), 0, 1e-9);
+  RunToEnd(e);
+  EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(60, 2), 2));
+}
+
+TEST(StallFree, PromptsWithAKvBudgetAreNotCutByTheClock) {
+  KvCacheManager kv(65, 16);
+  Scheduler sched(SchedulerConfig{8, 256, 0}, kv);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  auto a = MakeSequence(1, Prompt(4, 1), key);
+  sched.AddWaiting(a.get());
+  std::vector<BlockCopy> copies;
+  sched.Apply(sched.Plan(), &copies);
+  Computed(kv, a.get(), 4);
+  a->tokens.push_back(5);  // decoding
+  auto c = MakeSequence(3, Prompt(100, 3), key);
+  c->kv_budget = KvBudget{50, false};  // evicts after each chunk: its chunks stay whole
+  auto d = MakeSequence(4, Prompt(100, 4), key);
+  sched.AddWaiting(c.get());
+  sched.AddWaiting(d.get());
+  sched.set_step_token_cap(20);
+  // c takes its chunk whole (and uses up the prompts' share); d, behind it, waits.
+  EXPECT_EQ(Runs(sched.Plan()), (std::vector<PlannedRun>{{1, 1, 1}, {3, 100, 1}}));
 }
 
 TEST(Scheduler, DraftsInFlightAreNotAPrefillAndNeedALogitRowEach) {

@@ -56,5 +56,24 @@ TEST(StepCostModel, NonsenseObservationsAreIgnoredAndAFallingFitFallsBack) {
   EXPECT_NEAR(model.per_token(), (0.9 * 0.5 + 0.1) / (0.9 * 10 + 100), 1e-9);
 }
 
+TEST(StepCostModel, OneSlowStepCountsForAtMostThreeTimesItsPrediction) {
+  StepCostModel model;
+  for (int i = 0; i < 20; ++i) model.Observe(i % 2 ? 8 : 64, 0.020 + 0.001 * (i % 2 ? 8 : 64));
+  const int32_t before = model.TokensWithin(0.100);
+  EXPECT_EQ(before, 80);
+  model.Observe(8, 2.0);  // a page-fault storm: 2 s for a step predicted at 28 ms
+  // Counted as 84 ms, the fit moves a little, not to a cap of a few tokens.
+  EXPECT_GE(model.TokensWithin(0.100), before / 2);
+  for (int i = 0; i < 10; ++i) model.Observe(i % 2 ? 8 : 64, 0.020 + 0.001 * (i % 2 ? 8 : 64));
+  EXPECT_NEAR(model.TokensWithin(0.100), before, 3);
+}
+
+TEST(StepCostModel, StepsThatTookNoTimeLeaveStepsUnlimited) {
+  StepCostModel model;  // a clock too coarse to see a step
+  for (int32_t n : {1, 16, 64}) model.Observe(n, 0.0);
+  ASSERT_TRUE(model.ready());
+  EXPECT_EQ(model.TokensWithin(0.1), StepCostModel::kUnlimited);
+}
+
 }  // namespace
 }  // namespace kvs

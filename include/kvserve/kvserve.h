@@ -60,7 +60,7 @@ class Model {
 };
 
 // The default step-time target of stall-free batching (--max-step-ms); see docs/BENCHMARKS.md.
-inline constexpr double kDefaultMaxStepMs = 150;
+inline constexpr double kDefaultMaxStepMs = 100;
 
 struct EngineOptions {
   int32_t n_ctx = 4096;            // -c: most tokens (prompt + output) of one sequence

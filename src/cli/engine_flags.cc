@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/bench_spec.h"
 #include "cli/commands.h"
@@ -51,7 +52,12 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "that it takes about this long (a cost model fitted to the steps run); 0: "
                   "off, every step computes up to --max-batch-tokens")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 60000.0));
+      ->check(CLI::Range(0.0, 60000.0))
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            return std::isfinite(std::strtod(s.c_str(), nullptr)) ? "" : "must be a number";
+          },
+          "", "finite"));
   cmd->add_option("--cache-type-k", o.cache_type_k,
                   "KV cache type of keys: " + KvTypeNames() + "; also -ctk")
       ->capture_default_str();

@@ -337,7 +337,7 @@ Status Engine::Step(EngineStepStats* stats) {
     });
   }
   if (drafter_) AddLookahead();
-  const auto step_start = std::chrono::steady_clock::now();
+  const double step_start = clock_();
   if (config_.max_step_ms > 0 && step_cost_.ready()) {
     scheduler_.set_step_token_cap(std::max(1, step_cost_.TokensWithin(config_.max_step_ms / 1e3)));
   }
@@ -416,9 +416,7 @@ Status Engine::Step(EngineStepStats* stats) {
   for (Sequence* seq : scheduler_.running()) DropDrafts(seq);
 
   if (!runs_.empty()) {
-    step_cost_.Observe(
-        plan.n_tokens,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    step_cost_.Observe(plan.n_tokens, clock_() - step_start);
   }
   if (config_.verify_each_step) {
     const Status integrity = kv_.VerifyIntegrity();

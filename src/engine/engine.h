@@ -5,7 +5,9 @@
 // Token callbacks run inside Step() and must not call back into the Engine.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -30,13 +32,14 @@ namespace kvs {
 inline constexpr int32_t kMaxParallelSequences = 1024;
 
 struct EngineConfig {
-  int32_t n_ctx = 4096;               // -c: most positions (prompt + output) one sequence may hold
-  int32_t max_seqs = 4;               // -np/--parallel
-  int32_t max_batch_tokens = 512;     // --max-batch-tokens
-  double max_step_ms = 0;             // --max-step-ms: stall-free batching's step target; 0 off
-  int32_t block_size = 16;            // --block-size
-  int32_t n_blocks = 0;               // pool size, null block included (from --kv-memory)
-  int32_t watermark_blocks = -1;      // -1: 1% of the pool
+  int32_t n_ctx = 4096;            // -c: most positions (prompt + output) one sequence may hold
+  int32_t max_seqs = 4;            // -np/--parallel
+  int32_t max_batch_tokens = 512;  // --max-batch-tokens
+  double max_step_ms = 100;        // --max-step-ms: stall-free batching's step target (0: off); the
+                                   // same default as kvserve::EngineOptions
+  int32_t block_size = 16;         // --block-size
+  int32_t n_blocks = 0;            // pool size, null block included (from --kv-memory)
+  int32_t watermark_blocks = -1;   // -1: 1% of the pool
   bool reserve_full_context = false;  // the contiguous baseline: admission reserves n_ctx
   bool verify_each_step = false;      // KvCacheManager::VerifyIntegrity after every step
   bool prefix_cache = true;           // share cached full blocks of repeated prefixes
@@ -99,6 +102,9 @@ class Engine {
   const Scheduler& scheduler() const { return scheduler_; }
   const Drafter* drafter() const { return drafter_; }
   const Evictor& evictor() const { return evictor_; }
+  // What times steps for --max-step-ms (seconds, monotonic); tests give their own clock.
+  void set_clock(std::function<double()> now_seconds) { clock_ = std::move(now_seconds); }
+  const StepCostModel& step_cost() const { return step_cost_; }
 
   // The disk tier under the prefix cache (kv_tier.h); null: none. Attach before the first step.
   void AttachTier(std::unique_ptr<KvTier> tier);
@@ -145,6 +151,10 @@ class Engine {
   KvCacheManager kv_;
   Scheduler scheduler_;
   StepCostModel step_cost_;  // step wall time against tokens, for --max-step-ms
+  std::function<double()> clock_ = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
   std::map<RequestId, RequestState> requests_;
   std::map<SeqId, std::unique_ptr<Sequence>> sequences_;
   RequestId next_request_ = 1;

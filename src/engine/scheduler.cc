@@ -61,6 +61,12 @@ int32_t Scheduler::ChunkCap(const Sequence& seq) const {
   return std::clamp(room, 1, seq.n_pending());
 }
 
+bool Scheduler::CutByTime(const Sequence& seq) {
+  // A sequence with a KV budget evicts after each prefill chunk: chunks cut by the clock would
+  // make what it keeps, and so its output, depend on this machine's speed.
+  return seq.in_prefill() && !seq.kv_budget.active();
+}
+
 int32_t Scheduler::running_seats() const {
   int32_t seats = 0;
   for (const Sequence* s : running_) seats += s->seats;
@@ -104,9 +110,9 @@ SchedulePlan Scheduler::Plan() const {
   for (Sequence* seq : order) {
     const bool prefill = seq->in_prefill();
     if (prefill) close_decodes();
-    if (budget == 0 || (prefill && prefill_budget == 0)) break;
+    if (budget == 0) break;
     if (Contains(plan.preempt, seq)) continue;
-    const int32_t n = std::min({ChunkCap(*seq), budget, prefill ? prefill_budget : budget});
+    const int32_t n = std::min({ChunkCap(*seq), budget, CutByTime(*seq) ? prefill_budget : budget});
     if (n <= 0) continue;
     const int32_t need = kv_.BlocksToAppend(seq->id, n);
     while (need > free) {
@@ -128,7 +134,7 @@ SchedulePlan Scheduler::Plan() const {
     scheduled.push_back(seq);
     free -= need;
     budget -= n;
-    if (prefill) prefill_budget -= n;
+    if (prefill) prefill_budget = std::max(0, prefill_budget - n);
   }
   close_decodes();
 
@@ -136,14 +142,16 @@ SchedulePlan Scheduler::Plan() const {
   if (plan.preempt.empty()) {
     int32_t seats = running_seats();
     for (Sequence* seq : waiting_) {
-      if (prefill_budget == 0 || seats + seq->seats > config_.max_seqs) break;
+      if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
+      const int32_t share = CutByTime(*seq) ? prefill_budget : budget;
+      if (share == 0) break;
       // Its prefix is being loaded from a lower tier: later sequences go first meanwhile (as
       // vLLM's requests waiting for remote KV), and it is admitted once the load ended.
       if (seq->kv_loading) continue;
       // The cached prefix is shared, not computed: only the rest is prefilled. Its blocks were
       // hashed when the sequence was queued (AddWaiting).
       PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());
-      const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), prefill_budget);
+      const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), share);
       const int32_t need = prefix.blocks.empty()
                                ? AdmissionBlocks(*seq, n)
                                : kv_.BlocksFor(prefix.n_tokens + n) -
@@ -156,7 +164,7 @@ SchedulePlan Scheduler::Plan() const {
       plan.runs.push_back({seq, n, LogitRows(*seq, first, n)});
       free -= need;
       budget -= n;
-      prefill_budget -= n;
+      prefill_budget = std::max(0, prefill_budget - n);
       seats += seq->seats;
     }
   }

@@ -11,7 +11,8 @@
 // seats (-np) remain, and their first chunk's blocks leave the watermark free.
 // Stall-free batching (Sarathi-Serve): with a step token cap set, a step in which sequences
 // decode computes at most that many tokens: every decode runs, and prefill chunks and
-// admissions share what is left, never less than kMinPrefillTokens so prompts keep moving.
+// admissions share what is left, never less than kMinPrefillTokens so prompts keep moving
+// (within max_batch_tokens). Prompts with a KV budget are not cut: they evict after each chunk.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +84,8 @@ class Scheduler {
   // Tokens of seq a run may compute now: its pending ones, fewer for a sequence whose KV budget
   // caps the slots it holds (Sequence::max_slots).
   int32_t ChunkCap(const Sequence& seq) const;
+  // Whether the step token cap may cut seq's run: prefills, except those with a KV budget.
+  static bool CutByTime(const Sequence& seq);
   // Blocks a sequence needs to be admitted with its first n tokens.
   int32_t AdmissionBlocks(const Sequence& seq, int32_t n_tokens) const;
 

@@ -8,6 +8,11 @@ namespace kvs {
 void StepCostModel::Observe(int32_t n_tokens, double seconds) {
   if (n_tokens <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
   const double n = n_tokens;
+  if (ready()) {
+    const Fit fit = Solve();
+    const double predicted = fit.a + fit.b * n;
+    if (predicted > 0) seconds = std::min(seconds, 3 * predicted);
+  }
   s0_ = forget_ * s0_ + 1;
   s1_ = forget_ * s1_ + n;
   s2_ = forget_ * s2_ + n * n;
@@ -41,11 +46,13 @@ double StepCostModel::per_token() const {
 }
 
 int32_t StepCostModel::TokensWithin(double seconds) const {
+  if (!ready()) return 0;
   const Fit fit = Solve();
-  if (!(fit.b > 0) || seconds <= fit.a) return 0;
+  if (!(fit.b > 0)) return kUnlimited;  // every step observed took 0 s (a coarse clock)
+  if (seconds <= fit.a) return 0;
   // The epsilon keeps a quotient that is whole up to rounding (0.14 / 0.002) whole.
   const double n = (seconds - fit.a) / fit.b * (1 + 1e-12);
-  return static_cast<int32_t>(std::min(n, 1e9));
+  return static_cast<int32_t>(std::min(n, static_cast<double>(kUnlimited)));
 }
 
 }  // namespace kvs

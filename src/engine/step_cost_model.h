@@ -14,15 +14,18 @@ class StepCostModel {
   // forget: the weight each older observation keeps per new one (0.9: the last ~10 steps count).
   explicit StepCostModel(double forget = 0.9) : forget_(forget) {}
 
-  // A step computed n_tokens in `seconds`.
+  // A step computed n_tokens in `seconds`. Once the model is ready an observation counts for at
+  // most 3× its prediction: one slow step (page faults, a draft model catching up, the VM
+  // stalling) must not cut prompts to the floor for the next dozens of steps.
   void Observe(int32_t n_tokens, double seconds);
   bool ready() const { return s1_ > 0; }
   // The fitted a (seconds) and b (seconds per token); {0, 0} before any observation.
   double intercept() const;
   double per_token() const;
-  // The most tokens a step may compute to take at most `seconds` (0 when even one does not fit,
-  // or before any observation).
+  // The most tokens a step may compute to take at most `seconds`: 0 when even one does not fit
+  // or before any observation; kUnlimited when the steps observed took no time at all.
   int32_t TokensWithin(double seconds) const;
+  static constexpr int32_t kUnlimited = 1 << 30;
 
  private:
   struct Fit {

@@ -17,7 +17,8 @@ inline constexpr int kPeakAccumulators = 16;
 inline constexpr int64_t kInt8MacsPerIteration = kPeakAccumulators * 64;
 inline constexpr int64_t kF32MacsPerIteration = kPeakAccumulators * 16;
 
-// True when the loops below run the AVX-512 instructions (else they run their scalar twins).
+// True when the loops below run the AVX-512 instructions; else they run their scalar twins,
+// which compute the same results in closed form and must not be timed (bench compute refuses).
 bool ComputePeakHasAvx512();
 
 // `iterations` of acc[j] += dot4(a, b[j % 4]) in each int32 lane (wrapping) from acc[j] = j,
