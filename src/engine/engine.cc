@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "core/check.h"

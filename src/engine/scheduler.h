@@ -70,7 +70,6 @@ class Scheduler {
   // The most tokens a step in which sequences decode may compute (the engine derives it from
   // --max-step-ms and its step cost model each step); 0: only max_batch_tokens.
   void set_step_token_cap(int32_t n) { step_token_cap_ = n; }
-  int32_t step_token_cap() const { return step_token_cap_; }
 
   SchedulePlan Plan() const;
   // Preempts, admits and allocates; block copies (copy-on-write) are appended to *copies.
