@@ -2,12 +2,14 @@
 // count 1..70 (tile remainders, several walks), wildly different key counts inside one walk,
 // every KV type, every key coding (plain, constant offset, RoPE offset, whitened), head sizes
 // 8..256 and odd ones; outputs against AttendReference, and each query bit-identical alone,
-// among its walk, and among a differently ordered walk.
+// among its walk, and among a differently ordered walk. Then split-K: keys over several
+// partitions, and AttendPartition over many heads + MergePartitions bit-identical to Attend.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -221,6 +223,88 @@ TEST(AttentionWalk, AnInfValuePastAQuerysKeysDoesNotReachIt) {
   EXPECT_EQ(std::memcmp(alone.data.data(), together.rows[0], 64 * sizeof(float)), 0)
       << "query 0 (5 keys) alone " << alone.data[7] << ", beside a query of 6 keys "
       << together.rows[0][7];
+}
+
+// Contexts over several key partitions (attention.h): partials merged in order, against the
+// reference, and still bit-identical alone and among other queries.
+TEST(AttentionWalk, KeysOverSeveralPartitions) {
+  uint32_t seed = 1500;
+  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kQ8_0, KvType::kQ4_0, KvType::kTurbo4}) {
+    for (int n : {1, 4, 7, 20}) {
+      CheckCase(64, 64, t, t, Coding::kPlain, n, 2 * kKeyPartitionKeys + 37, ++seed, 1e-4);
+    }
+    CheckCase(64, 64, t, t, Coding::kRopeOffset, 5, kKeyPartitionKeys + 1, ++seed, 1e-4);
+  }
+}
+
+// Split-K as the forward pass runs it: every partition of n_heads heads' queries in one call
+// per partition (the heads' tiles side by side, more heads than one walk takes at once), then
+// each query's partials merged: bit-identical to Attend on each head alone.
+void CheckSplitHeads(KvType t, Coding coding, int n_heads, int n, int32_t last_keys,
+                     uint32_t seed) {
+  SCOPED_TRACE(std::string(KvTypeName(t)) + " " + CodingName(coding) + " heads " +
+               std::to_string(n_heads) + " n " + std::to_string(n) + " keys " +
+               std::to_string(last_keys));
+  constexpr int32_t hd = 64;
+  std::vector<std::unique_ptr<Head>> heads;
+  std::vector<KvHeadView> views;
+  for (int h = 0; h < n_heads; ++h) {
+    heads.push_back(std::make_unique<Head>(hd, hd, last_keys, seed + h, t, t, coding));
+    views.push_back(heads.back()->view);
+  }
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const size_t rows = static_cast<size_t>(n_heads) * n;
+  std::vector<float> q(rows * hd);
+  for (float& x : q) x = dist(rng);
+  std::vector<const float*> qp(rows);
+  for (size_t r = 0; r < rows; ++r) qp[r] = q.data() + r * hd;
+  // Verification-like: n queries = tokens x group, each token one key more than the last.
+  std::vector<int32_t> n_keys(n);
+  for (int i = 0; i < n; ++i) n_keys[i] = last_keys - (n - 1 - i) / 2;
+  const AttentionShape shape{hd, hd, 0.125f};
+  const int32_t parts = KeyPartitions(last_keys);
+  const size_t stride = AttentionPartialStride(shape);
+  std::vector<float> o(parts * rows * stride, -3.0f), m(parts * rows), l(parts * rows);
+  for (int32_t p = 0; p < parts; ++p) {
+    AttendPartition(shape, views.data(), n_heads, qp.data(), n_keys.data(), n, p,
+                    {o.data() + p * rows * stride, m.data() + p * rows, l.data() + p * rows});
+  }
+  Out alone(n, hd);
+  std::vector<float> merged(hd);
+  for (int h = 0; h < n_heads; ++h) {
+    Attend(shape, views[h], qp.data() + h * n, n_keys.data(), n, alone.rows.data());
+    for (int i = 0; i < n; ++i) {
+      const size_t r = static_cast<size_t>(h) * n + i;
+      MergePartitions(shape, t, KeyPartitions(n_keys[i]), o.data() + r * stride, rows * stride,
+                      m.data() + r, l.data() + r, rows, merged.data());
+      ASSERT_EQ(std::memcmp(merged.data(), alone.rows[i], hd * sizeof(float)), 0)
+          << "head " << h << " query " << i << " (n_keys " << n_keys[i] << ")";
+    }
+  }
+}
+
+TEST(AttentionPartition, HeadsTogetherMatchAttendBitForBit) {
+  uint32_t seed = 1700;
+  // Group sizes of llama (4), qwen3 (2), qwen2 (7), verification (10), and 1; 9 heads of 4 and
+  // 8 of 8 take two walks; a query count ending a partition exactly and just past it.
+  for (auto [n_heads, n] : std::vector<std::pair<int, int>>{
+           {8, 4}, {8, 2}, {2, 7}, {9, 4}, {8, 8}, {3, 1}, {1, 3}, {4, 5}}) {
+    for (int32_t keys : {kKeyPartitionKeys, kKeyPartitionKeys + 1, 2 * kKeyPartitionKeys + 300}) {
+      CheckSplitHeads(KvType::kF16, Coding::kPlain, n_heads, n, keys, seed += 20);
+    }
+  }
+  for (KvType t : {KvType::kQ8_0, KvType::kQ4_0, KvType::kTurbo4, KvType::kBF16}) {
+    CheckSplitHeads(t, Coding::kPlain, 8, 4, 2 * kKeyPartitionKeys + 5, seed += 20);
+    CheckSplitHeads(t, Coding::kRopeOffset, 3, 2, kKeyPartitionKeys + 17, seed += 20);
+  }
+}
+
+TEST(AttentionPartition, OnePartitionIsTheWholeAttention) {
+  // Below one partition's keys, the merge of the single partial is o / l exactly: the result
+  // equals the reference as closely as Attend does.
+  CheckCase(64, 64, KvType::kF16, KvType::kF16, Coding::kPlain, 4, kKeyPartitionKeys, 1900, 1e-4);
+  CheckSplitHeads(KvType::kF16, Coding::kPlain, 8, 4, 700, 1901);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "engine/generate.h"
@@ -97,6 +98,37 @@ TEST_P(TinyModelTest, PrefillMatchesTokenByTokenDecode) {
       max_abs = std::max(max_abs, std::fabs(double(one[v])));
     }
     EXPECT_LT(max_diff, 1e-3 * std::max(1.0, max_abs)) << "token " << i;
+  }
+}
+
+// Past one key partition (1,024 keys) a decode step's attention runs split-K: partitions spread
+// over the threads, heads walked together, partials merged (ForwardPass::Attention); a prompt's
+// chunks run per KV head. Both must give the logits the one-pass prefill gives.
+TEST_P(TinyModelTest, LongContextSplitKDecodeMatchesPrefill) {
+  auto model = Load();
+  const int32_t V = model->config().n_vocab;
+  constexpr int32_t kPrompt = 2 * kKeyPartitionKeys + 40, kTail = 6;
+  std::vector<int32_t> tokens(kPrompt);
+  std::mt19937 rng(5);
+  for (int32_t& t : tokens) t = 1 + static_cast<int32_t>(rng() % (V - 1));
+  ThreadPool pool(2);
+  SingleSequence fa(*model, pool, kPrompt);
+  std::vector<float> all(static_cast<size_t>(kTail) * V);
+  ASSERT_TRUE(fa.Run(tokens.data(), kPrompt, 0, kTail, all.data()).ok());
+  SingleSequence fb(*model, pool, kPrompt);
+  std::vector<float> one(V);
+  // The first decode crosses into the third partition at position 2048.
+  const int32_t first = kPrompt - kTail;
+  ASSERT_TRUE(fb.Run(tokens.data(), first, 0, 1, one.data()).ok());
+  for (int32_t i = first; i < kPrompt; ++i) {
+    ASSERT_TRUE(fb.Run(&tokens[i], 1, i, 1, one.data()).ok());
+    double max_diff = 0, max_abs = 0;
+    const float* ref = all.data() + static_cast<size_t>(i - first) * V;
+    for (int32_t v = 0; v < V; ++v) {
+      max_diff = std::max(max_diff, std::fabs(double(one[v]) - ref[v]));
+      max_abs = std::max(max_abs, std::fabs(double(one[v])));
+    }
+    EXPECT_LT(max_diff, 1e-3 * std::max(1.0, max_abs)) << "position " << i;
   }
 }
 

@@ -72,6 +72,46 @@ struct AttentionShape {
 void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
             const int32_t* n_keys, int n_queries, float* const* out);
 
+// Split-K ("flash-decoding"): a query's keys are taken in partitions of kKeyPartitionBlocks key
+// blocks at fixed positions ([0, 1024), [1024, 2048), ...), each folded into a partial state of
+// its own, and the partials merged in partition order. Attend does both on the calling thread; a
+// caller may instead spread a sequence's partitions (and its heads) over threads with
+// AttendPartition and merge them with MergePartitions. The outputs are bit-identical either way,
+// whatever tiles, threads or batch a query is in (decode and the verification of drafts agree).
+inline constexpr int32_t kKeyPartitionBlocks = 64;
+inline constexpr int32_t kKeyPartitionKeys = kKeyPartitionBlocks * kKvBlockTokens;
+inline int32_t KeyPartitions(int32_t n_keys) {
+  return (n_keys + kKeyPartitionKeys - 1) / kKeyPartitionKeys;
+}
+// Floats per partial output row: head_dim_v rounded up to 16.
+inline size_t AttentionPartialStride(const AttentionShape& shape) {
+  return static_cast<size_t>(shape.head_dim_v + 15) / 16 * 16;
+}
+
+// A query's partial state over one partition of its keys, s_j its scaled scores there:
+// m = max_j s_j, l = sum_j exp(s_j - m), o = sum_j exp(s_j - m) v_j (in the values' stored
+// basis). A query without keys in the partition has m = -inf, l = 0, o = 0.
+struct AttentionPartials {
+  float* o = nullptr;  // [rows][AttentionPartialStride]
+  float* m = nullptr;  // [rows]
+  float* l = nullptr;  // [rows]
+};
+
+// Partition `part` of the keys for the queries of n_heads KV heads: q[h * n + i] is query i of
+// head h (its keys and values in heads[h]; every head's views share one KV type and key coding),
+// seeing n_keys[i] keys; n <= 32. Writes row h * n + i of out. The heads' tiles walk the key
+// blocks side by side, so heads whose blocks are adjacent (the paged cache's layout, kv_layer.h)
+// are read as one stream, which the hardware prefetcher follows.
+void AttendPartition(const AttentionShape& shape, const KvHeadView* heads, int n_heads,
+                     const float* const* q, const int32_t* n_keys, int n, int32_t part,
+                     const AttentionPartials& out);
+
+// out[head_dim_v]: one query's output from its KeyPartitions(n_keys) partials, partial p at
+// o + p * o_stride, m[p * ml_stride], l[p * ml_stride], merged in partition order (rotated back
+// when v_type is rotated).
+void MergePartitions(const AttentionShape& shape, KvType v_type, int32_t n_parts, const float* o,
+                     size_t o_stride, const float* m, const float* l, size_t ml_stride, float* out);
+
 // Scalar twin in double with a plain two-pass softmax over the scalar dequantizers of
 // kv_quant.h. Tests only.
 void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,

@@ -223,19 +223,62 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
   const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
                              1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
   // A sequence's queries for one KV head are its group's heads for every token, token-major, so
-  // that a kernel tile of four holds queries that see (nearly) the same keys. Jobs are chunks of
-  // them in head-major order: a thread's contiguous share is whole heads, and a head's keys stay
-  // in cache across the chunks of one sequence.
+  // that a kernel tile of four holds queries that see (nearly) the same keys. Chunks of them:
+  //  - a decode-like chunk (at most kSplitQueries queries a head) of a sequence whose keys span
+  //    several partitions (attention.h) runs split-K: a job per (partition, group of KV heads),
+  //    the group's heads walked side by side (their blocks are adjacent: one memory stream), the
+  //    partials merged afterwards, so one long sequence keeps every thread reading;
+  //  - any other runs per (KV head, chunk) in head-major order: a thread's contiguous share is
+  //    whole heads, and a head's keys stay in cache across the chunks of one sequence.
+  // Both compute each query the same way (attention.h): which path a query takes, and what else
+  // is in the batch, does not change its output.
   chunks_.clear();
+  split_chunks_.clear();
+  split_jobs_.clear();
+  size_t partial_rows = 0;
   for (int32_t s = 0; s < static_cast<int32_t>(b.sequences.size()); ++s) {
-    const int32_t n_queries = b.sequences[s].n_tokens * group;
+    const BatchSequence& seq = b.sequences[s];
+    const int32_t n_queries = seq.n_tokens * group;
+    const int32_t parts = KeyPartitions(seq.n_cached + seq.n_tokens);
+    if (n_queries <= kSplitQueries && parts >= 2) {
+      split_chunks_.push_back({s, parts, partial_rows});
+      partial_rows += static_cast<size_t>(parts) * c_.n_head_kv * n_queries;
+      continue;
+    }
     for (int32_t first = 0; first < n_queries; first += kQueriesPerJob) {
       chunks_.push_back({s, first});
     }
   }
+  // Split jobs: all heads together, unless too few partitions to keep every thread busy.
+  size_t split_parts = 0;
+  for (const SplitChunk& sc : split_chunks_) split_parts += sc.parts;
+  int32_t head_groups = 1;
+  while (head_groups < c_.n_head_kv &&
+         split_parts * head_groups < 2 * static_cast<size_t>(pool_.size())) {
+    do ++head_groups;
+    while (c_.n_head_kv % head_groups != 0);
+  }
+  const int32_t heads_per_job = c_.n_head_kv / head_groups;
+  for (int32_t c = 0; c < static_cast<int32_t>(split_chunks_.size()); ++c) {
+    for (int32_t p = 0; p < split_chunks_[c].parts; ++p) {
+      for (int32_t hg = 0; hg < head_groups; ++hg)
+        split_jobs_.push_back({c, p, hg * heads_per_job});
+    }
+  }
+  const size_t stride = AttentionPartialStride(shape);
+  if (partial_rows > 0) {
+    partial_o_.Resize(partial_rows * stride);
+    partial_ml_.resize(2 * partial_rows);
+  }
+
   const size_t n_chunks = chunks_.size();
-  pool_.ParallelFor(c_.n_head_kv * n_chunks, 1, [&](int, size_t begin, size_t end) {
+  const size_t n_head_jobs = c_.n_head_kv * n_chunks;
+  pool_.ParallelFor(n_head_jobs + split_jobs_.size(), 1, [&](int, size_t begin, size_t end) {
     for (size_t job = begin; job < end; ++job) {
+      if (job >= n_head_jobs) {
+        SplitJob(b, kv, shape, split_jobs_[job - n_head_jobs], heads_per_job);
+        continue;
+      }
       const int32_t g = static_cast<int32_t>(job / n_chunks);
       const AttentionChunk& chunk = chunks_[job % n_chunks];
       const BatchSequence& seq = b.sequences[chunk.seq];
@@ -257,6 +300,62 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
              q, n_keys, count, out);
     }
   });
+  if (split_chunks_.empty()) return;
+  // Each split query's partials merged in partition order: a job per (chunk, KV head).
+  const size_t merge_jobs = split_chunks_.size() * c_.n_head_kv;
+  pool_.ParallelFor(merge_jobs, 1, [&](int, size_t begin, size_t end) {
+    for (size_t job = begin; job < end; ++job) {
+      const SplitChunk& sc = split_chunks_[job / c_.n_head_kv];
+      const int32_t g = static_cast<int32_t>(job % c_.n_head_kv);
+      const BatchSequence& seq = b.sequences[sc.seq];
+      const int32_t n = seq.n_tokens * group;
+      const size_t part_rows = static_cast<size_t>(c_.n_head_kv) * n;
+      for (int32_t k = 0; k < n; ++k) {
+        const int32_t t = k / group;
+        const size_t i = static_cast<size_t>(seq.first_token + t);
+        const int32_t h = g * group + k % group;
+        const size_t row = sc.first_row + static_cast<size_t>(g) * n + k;
+        MergePartitions(
+            shape, kv.v_type, KeyPartitions(seq.n_cached + t + 1), partial_o_.data() + row * stride,
+            part_rows * stride, partial_ml_.data() + row, partial_ml_.data() + partial_rows + row,
+            part_rows,
+            att_.data() + i * c_.n_head * c_.head_dim_v + static_cast<size_t>(h) * c_.head_dim_v);
+      }
+    }
+  });
+}
+
+void ForwardPass::SplitJob(const RaggedBatch& b, const KvLayerView& kv, const AttentionShape& shape,
+                           const SplitJobSpec& job, int32_t n_heads) {
+  const int32_t group = c_.n_head / c_.n_head_kv;
+  const SplitChunk& sc = split_chunks_[job.chunk];
+  const BatchSequence& seq = b.sequences[sc.seq];
+  const int32_t n = seq.n_tokens * group;  // <= kSplitQueries
+  const size_t part_rows = static_cast<size_t>(c_.n_head_kv) * n;
+  const std::vector<float>& key_rope = key_rope_[sc.seq];
+  KvHeadView views[kMaxSplitHeads];
+  const float* q[kMaxSplitHeads * kSplitQueries];
+  int32_t n_keys[kSplitQueries];
+  for (int32_t k = 0; k < n; ++k) n_keys[k] = seq.n_cached + k / group + 1;
+  const size_t stride = AttentionPartialStride(shape);
+  // Up to kMaxSplitHeads heads per call; rows of head g at (g * n + k) within the partition.
+  for (int32_t g0 = job.first_head; g0 < job.first_head + n_heads; g0 += kMaxSplitHeads) {
+    const int32_t hn = std::min(kMaxSplitHeads, job.first_head + n_heads - g0);
+    for (int32_t h = 0; h < hn; ++h) {
+      const int32_t g = g0 + h;
+      views[h] = kv.Head(g, seq.kv_blocks.data(), key_rope.empty() ? nullptr : key_rope.data());
+      for (int32_t k = 0; k < n; ++k) {
+        const size_t i = static_cast<size_t>(seq.first_token + k / group);
+        const int32_t qh = g * group + k % group;
+        q[h * n + k] = q_.data() + i * c_.q_dim() + static_cast<size_t>(qh) * c_.head_dim_k;
+      }
+    }
+    const size_t row = sc.first_row + job.part * part_rows + static_cast<size_t>(g0) * n;
+    const size_t total_rows = partial_ml_.size() / 2;
+    AttendPartition(shape, views, hn, q, n_keys, n, job.part,
+                    {partial_o_.data() + row * stride, partial_ml_.data() + row,
+                     partial_ml_.data() + total_rows + row});
+  }
 }
 
 void ForwardPass::AccumulateAttentionMass(const RaggedBatch& b, const KvLayerView& kv) {

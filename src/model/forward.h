@@ -20,6 +20,11 @@ class ForwardPass {
  public:
   // Attention queries per pool job (a multiple of the kernel's tile of four).
   static constexpr int32_t kQueriesPerJob = 32;
+  // A sequence with at most this many queries per KV head (one or two tokens) runs split-K once
+  // its keys span two partitions (ForwardPass::Attention).
+  static constexpr int32_t kSplitQueries = 8;
+  // KV heads per AttendPartition call of a split job.
+  static constexpr int32_t kMaxSplitHeads = 16;
 
   ForwardPass(const Model& model, ThreadPool& pool);
 
@@ -39,6 +44,11 @@ class ForwardPass {
   // Stores the ubatch's K/V (k_, v_) into its slots of one layer.
   void WriteKv(const RaggedBatch& batch, const KvLayerView& kv);
   void Attention(const RaggedBatch& batch, const KvLayerView& kv);
+  struct SplitJobSpec;
+  // One split-K job: partition job.part of a sequence's keys for n_heads KV heads from
+  // job.first_head, into the partials.
+  void SplitJob(const RaggedBatch& batch, const KvLayerView& kv, const AttentionShape& shape,
+                const SplitJobSpec& job, int32_t n_heads);
   // Adds the attention the observed queries of each sequence that asks for it
   // (BatchSequence::attention_mass) gave its keys, summed over heads, for one layer.
   void AccumulateAttentionMass(const RaggedBatch& batch, const KvLayerView& kv);
@@ -57,6 +67,22 @@ class ForwardPass {
     int32_t first_query;
   };
   std::vector<AttentionChunk> chunks_;
+  // Split-K sequences of the current batch: their partition count and first partial row (rows
+  // [part][n_head_kv][queries per head] from there), and the jobs over them.
+  struct SplitChunk {
+    int32_t seq;
+    int32_t parts;
+    size_t first_row;
+  };
+  struct SplitJobSpec {
+    int32_t chunk;  // index into split_chunks_
+    int32_t part;
+    int32_t first_head;
+  };
+  std::vector<SplitChunk> split_chunks_;
+  std::vector<SplitJobSpec> split_jobs_;
+  AlignedBuffer partial_o_;        // [rows][AttentionPartialStride] partial outputs
+  std::vector<float> partial_ml_;  // [rows] maxima, then [rows] sums
   // Token ranges [write_runs_[r], write_runs_[r + 1]) whose slots share a kernel block.
   std::vector<int32_t> write_runs_;
   AlignedBuffer x_;     // [n][n_embd] residual stream
