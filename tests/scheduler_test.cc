@@ -35,7 +35,8 @@ class FakeRunner final : public StepRunner {
     return Status::Ok();
   }
   Status Execute(const StepInput& step, float* logits) override {
-    if (clock_ms != nullptr) {  // a step costs 1 ms a token on the test's clock
+    if (clock_ms != nullptr) {  // a step costs step_ms + 1 ms a token on the test's clock
+      *clock_ms += step_ms;
       for (const ScheduledRun& r : step.runs) *clock_ms += r.n_tokens;
     }
     steps.emplace_back();
@@ -56,6 +57,7 @@ class FakeRunner final : public StepRunner {
   std::vector<std::vector<RunRecord>> steps;
   std::vector<BlockCopy> copies;
   double* clock_ms = nullptr;
+  double step_ms = 0;
 };
 
 EngineConfig Config(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t budget) {
@@ -490,6 +492,68 @@ TEST(StallFree, TheStepTargetInMillisecondsMeetsTheStepsMeasuredCost) {
   EXPECT_NEAR(e.step_cost().intercept(), 0, 1e-9);
   RunToEnd(e);
   EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(60, 2), 2));
+}
+
+TEST(StallFree, APromptAtMostDoublesTheDecodeStepItJoins) {
+  FakeRunner runner;
+  double now_ms = 0;
+  runner.clock_ms = &now_ms;
+  runner.step_ms = 30;  // a step: 30 ms + 1 ms a token
+  EngineConfig config = Config(64, 16, 4, 128);
+  config.max_step_ms = 100;  // 70 tokens a step
+  Engine e(config, runner);
+  e.set_clock([&now_ms] { return now_ms / 1e3; });
+  Collected a, b;
+  Submit(e, Prompt(6, 1), Greedy(8), &a);
+  ASSERT_TRUE(e.Step().ok());  // 36 ms for 6 tokens: one size, so 6 ms a token, no fixed cost
+  Submit(e, Prompt(100, 2), Greedy(2), &b);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e.Step().ok());
+  // Step 2 cuts by the target alone (100 ms / 6 ms = 16 tokens); from step 3 the fit is exact
+  // (a = 30 ms = 30 tokens): the prompt gets 30 + 1 tokens beside the one decode, not the 69
+  // the target leaves, so each step takes 62 ms against the decode's 31 ms.
+  const std::vector<std::vector<RunRecord>> want = {
+      {{1, 0, 6}},
+      {{1, 6, 1}, {2, 0, 16}},
+      {{1, 7, 1}, {2, 16, 31}},
+      {{1, 8, 1}, {2, 47, 31}},
+      {{1, 9, 1}, {2, 78, 22}},  // the last chunk samples
+      {{1, 10, 1}, {2, 100, 1}},
+  };
+  EXPECT_EQ(runner.steps, want);
+  EXPECT_NEAR(e.step_cost().intercept(), 0.030, 1e-9);
+  EXPECT_EQ(e.step_cost().OverheadTokens(), 30);
+  RunToEnd(e);
+  EXPECT_EQ(a.tokens[0], ExpectedOutput(Prompt(6, 1), 8));
+  EXPECT_EQ(b.tokens[0], ExpectedOutput(Prompt(100, 2), 2));
+}
+
+TEST(StallFree, TheOverheadRuleTakesTheSmallerShareAndKeepsTheFloor) {
+  KvCacheManager kv(65, 16);
+  Scheduler sched(SchedulerConfig{8, 256, 0}, kv);
+  const BlockHash key = PrefixCacheKey("model", "f32", "");
+  auto a = MakeSequence(1, Prompt(4, 1), key);
+  auto b = MakeSequence(2, Prompt(4, 2), key);
+  sched.AddWaiting(a.get());
+  sched.AddWaiting(b.get());
+  std::vector<BlockCopy> copies;
+  sched.Apply(sched.Plan(), &copies);
+  Computed(kv, a.get(), 4);
+  Computed(kv, b.get(), 4);
+  a->tokens.push_back(5);
+  b->tokens.push_back(6);
+  auto c = MakeSequence(3, Prompt(100, 3), key);
+  sched.AddWaiting(c.get());
+  sched.set_step_token_cap(60);
+  sched.set_step_overhead_tokens(25);  // 25 + 2 decodes < 60 - 2
+  EXPECT_EQ(Runs(sched.Plan()), (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, 27, 0}}));
+  sched.set_step_overhead_tokens(70);  // the cap is the smaller share
+  EXPECT_EQ(Runs(sched.Plan()), (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, 58, 0}}));
+  sched.set_step_overhead_tokens(3);  // 3 + 2 < the floor
+  EXPECT_EQ(Runs(sched.Plan()),
+            (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, kMinPrefillTokens, 0}}));
+  sched.set_step_token_cap(0);  // the rule alone
+  sched.set_step_overhead_tokens(40);
+  EXPECT_EQ(Runs(sched.Plan()), (std::vector<PlannedRun>{{1, 1, 1}, {2, 1, 1}, {3, 42, 0}}));
 }
 
 TEST(StallFree, PromptsWithAKvBudgetAreNotCutByTheClock) {

@@ -75,5 +75,14 @@ TEST(StepCostModel, StepsThatTookNoTimeLeaveStepsUnlimited) {
   EXPECT_EQ(model.TokensWithin(0.1), StepCostModel::kUnlimited);
 }
 
+TEST(StepCostModel, OverheadTokensAreTheFixedCostInTokens) {
+  StepCostModel m;
+  EXPECT_EQ(m.OverheadTokens(), 0);  // nothing observed
+  m.Observe(10, 0.030);              // one size: no fixed cost seen
+  EXPECT_EQ(m.OverheadTokens(), 0);
+  m.Observe(110, 0.230);  // 2 ms a token, 10 ms fixed
+  EXPECT_EQ(m.OverheadTokens(), 5);
+}
+
 }  // namespace
 }  // namespace kvs

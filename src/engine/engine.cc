@@ -339,6 +339,7 @@ Status Engine::Step(EngineStepStats* stats) {
   const double step_start = clock_();
   if (config_.max_step_ms > 0 && step_cost_.ready()) {
     scheduler_.set_step_token_cap(std::max(1, step_cost_.TokensWithin(config_.max_step_ms / 1e3)));
+    scheduler_.set_step_overhead_tokens(step_cost_.OverheadTokens());
   }
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};

@@ -101,9 +101,13 @@ SchedulePlan Scheduler::Plan() const {
     if (decodes_planned) return;
     decodes_planned = true;
     const bool decoding = !plan.runs.empty();
+    const int32_t used = config_.max_batch_tokens - budget;
     if (step_token_cap_ > 0 && decoding) {
-      const int32_t used = config_.max_batch_tokens - budget;
       prefill_budget = std::max(step_token_cap_ - used, kMinPrefillTokens);
+    }
+    if (step_overhead_tokens_ > 0 && decoding) {
+      prefill_budget =
+          std::min(prefill_budget, std::max(step_overhead_tokens_ + used, kMinPrefillTokens));
     }
     prefill_budget = std::min(prefill_budget, budget);
   };

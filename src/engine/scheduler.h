@@ -70,6 +70,11 @@ class Scheduler {
   // The most tokens a step in which sequences decode may compute (the engine derives it from
   // --max-step-ms and its step cost model each step); 0: only max_batch_tokens.
   void set_step_token_cap(int32_t n) { step_token_cap_ = n; }
+  // And a step's prompt tokens at most overhead + the decode tokens planned: with a step costing
+  // a + b·tokens and overhead = a / b, a prompt at most doubles the time of the decode step it
+  // joins. With few sequences decoding a prompt then goes in smaller pieces than the target
+  // alone would cut, so that the gaps it opens stay near the decodes' own pace; 0: off.
+  void set_step_overhead_tokens(int32_t n) { step_overhead_tokens_ = n; }
 
   SchedulePlan Plan() const;
   // Preempts, admits and allocates; block copies (copy-on-write) are appended to *copies.
@@ -95,6 +100,7 @@ class Scheduler {
   std::vector<Sequence*> waiting_;  // same order
   int64_t prefix_queries_ = 0, prefix_hits_ = 0;
   int32_t step_token_cap_ = 0;
+  int32_t step_overhead_tokens_ = 0;
 };
 
 // Queue order: higher priority first, then earlier arrival, then choice.

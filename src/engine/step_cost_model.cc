@@ -55,4 +55,12 @@ int32_t StepCostModel::TokensWithin(double seconds) const {
   return static_cast<int32_t>(std::min(n, static_cast<double>(kUnlimited)));
 }
 
+int32_t StepCostModel::OverheadTokens() const {
+  if (!ready()) return 0;
+  const Fit fit = Solve();
+  if (!(fit.b > 0) || !(fit.a > 0)) return 0;
+  const double n = std::round(fit.a / fit.b);  // below half a token: no fixed cost to speak of
+  return static_cast<int32_t>(std::min(n, static_cast<double>(kUnlimited)));
+}
+
 }  // namespace kvs

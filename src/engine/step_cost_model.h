@@ -26,6 +26,9 @@ class StepCostModel {
   // or before any observation; kUnlimited when the steps observed took no time at all.
   int32_t TokensWithin(double seconds) const;
   static constexpr int32_t kUnlimited = 1 << 30;
+  // a / b rounded: the tokens whose time equals a step's fixed cost; 0 before any observation,
+  // or when the fit shows no fixed cost or no cost per token (the scheduler then sets no limit).
+  int32_t OverheadTokens() const;
 
  private:
   struct Fit {
