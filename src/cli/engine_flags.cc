@@ -49,8 +49,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--max-step-ms", o.max_step_ms,
                   "Stall-free batching: while sequences decode, cut a step's prompt tokens so "
-                  "that it takes about this long (a cost model fitted to the steps run); 0: "
-                  "off, every step computes up to --max-batch-tokens")
+                  "that it takes about this long (a cost model fitted to the steps run) and "
+                  "at most twice the decode step it joins; 0: off, every step computes up to "
+                  "--max-batch-tokens")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 60000.0))
       ->check(CLI::Validator(

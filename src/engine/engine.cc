@@ -339,7 +339,11 @@ Status Engine::Step(EngineStepStats* stats) {
   const double step_start = clock_();
   if (config_.max_step_ms > 0 && step_cost_.ready()) {
     scheduler_.set_step_token_cap(std::max(1, step_cost_.TokensWithin(config_.max_step_ms / 1e3)));
-    scheduler_.set_step_overhead_tokens(step_cost_.OverheadTokens());
+    // A fit of same-size steps (decodes only) shows no fixed cost: keep the last one seen
+    // rather than switch the rule off just before a prompt arrives.
+    if (const int32_t overhead = step_cost_.OverheadTokens(); overhead > 0) {
+      scheduler_.set_step_overhead_tokens(overhead);
+    }
   }
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};

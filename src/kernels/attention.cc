@@ -139,7 +139,10 @@ void MergePartitions(const AttentionShape& shape, KvType v_type, int32_t n_parts
   std::copy(o, o + hv, out);
   for (int32_t p = 1; p < n_parts; ++p) {
     const float m_p = m[p * ml_stride], m_new = std::max(m_run, m_p);
-    const float a = std::exp(m_run - m_new), b = std::exp(m_p - m_new);
+    // Exactly 1 for the larger maximum, without the call: exp(inf - inf) would be NaN when
+    // both maxima are infinite (an f16 key overflow).
+    const float a = m_run == m_new ? 1.0f : std::exp(m_run - m_new);
+    const float b = m_p == m_new ? 1.0f : std::exp(m_p - m_new);
     const float* o_p = o + p * o_stride;
     for (int32_t d = 0; d < hv; ++d) out[d] = out[d] * a + o_p[d] * b;
     l_run = l_run * a + l[p * ml_stride] * b;

@@ -277,6 +277,8 @@ ScoreFn<Q> ScoreFor(KvType t) {
 template <int Q>
 AccumulateFn<Q> AccumulateFor(KvType t, int32_t hv) {
   const bool whole64 = hv % 64 == 0, grouped = KvGroupSize(t, hv) != 0;
+  // AccumulateBlocks widens a block pair's scales into 2 x 16 x 128 floats.
+  KVS_CHECK(!grouped || hv / KvGroupSize(t, hv) <= 128);
   return WithCodec(t, [&]<class C>(std::type_identity<C>) -> AccumulateFn<Q> {
     if (whole64) {
       return grouped ? &AccumulateBlocks<C, Q, true, true> : &AccumulateBlocks<C, Q, true, false>;

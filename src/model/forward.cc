@@ -273,8 +273,21 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
 
   const size_t n_chunks = chunks_.size();
   const size_t n_head_jobs = c_.n_head_kv * n_chunks;
-  pool_.ParallelFor(n_head_jobs + split_jobs_.size(), 1, [&](int, size_t begin, size_t end) {
-    for (size_t job = begin; job < end; ++job) {
+  // The pool hands each thread a contiguous range of equally many jobs: spread the (heavy) split
+  // jobs evenly through the list, or a long sequence's work would all land on the last thread.
+  job_order_.clear();
+  const size_t n_jobs = n_head_jobs + split_jobs_.size();
+  for (size_t k = 0, head_job = 0; k < split_jobs_.size(); ++k) {
+    const size_t at = (k * n_jobs) / split_jobs_.size();  // where split job k goes
+    while (job_order_.size() < at && head_job < n_head_jobs) job_order_.push_back(head_job++);
+    job_order_.push_back(n_head_jobs + k);
+    if (k + 1 == split_jobs_.size()) {
+      while (head_job < n_head_jobs) job_order_.push_back(head_job++);
+    }
+  }
+  pool_.ParallelFor(n_jobs, 1, [&](int, size_t begin, size_t end) {
+    for (size_t slot = begin; slot < end; ++slot) {
+      const size_t job = job_order_.empty() ? slot : job_order_[slot];
       if (job >= n_head_jobs) {
         SplitJob(b, kv, shape, split_jobs_[job - n_head_jobs], heads_per_job);
         continue;

@@ -20,7 +20,7 @@ class ForwardPass {
  public:
   // Attention queries per pool job (a multiple of the kernel's tile of four).
   static constexpr int32_t kQueriesPerJob = 32;
-  // A sequence with at most this many queries per KV head (one or two tokens) runs split-K once
+  // A sequence with at most this many queries per KV head (a decode or two) runs split-K once
   // its keys span two partitions (ForwardPass::Attention).
   static constexpr int32_t kSplitQueries = 8;
   // KV heads per AttendPartition call of a split job.
@@ -81,6 +81,7 @@ class ForwardPass {
   };
   std::vector<SplitChunk> split_chunks_;
   std::vector<SplitJobSpec> split_jobs_;
+  std::vector<size_t> job_order_;  // attention jobs in pool order (split jobs spread out)
   AlignedBuffer partial_o_;        // [rows][AttentionPartialStride] partial outputs
   std::vector<float> partial_ml_;  // [rows] maxima, then [rows] sums
   // Token ranges [write_runs_[r], write_runs_[r + 1]) whose slots share a kernel block.
