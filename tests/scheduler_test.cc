@@ -467,6 +467,15 @@ TEST(StallFree, TheEngineCutsPromptsWhileOthersDecodeAndOutputsStayTheSame) {
   }
 }
 
+// Sequence 1 (6 prompt tokens, 8 to generate) runs a step alone and decodes from then on;
+// sequence 2 (prompt_2's tokens, 2 to generate) arrives, and `steps` more steps run.
+void DecodeThenPrompt(Engine& e, int32_t prompt_2, int steps, Collected* a, Collected* b) {
+  Submit(e, Prompt(6, 1), Greedy(8), a);
+  ASSERT_TRUE(e.Step().ok());
+  Submit(e, Prompt(prompt_2, 2), Greedy(2), b);
+  for (int i = 0; i < steps; ++i) ASSERT_TRUE(e.Step().ok());
+}
+
 TEST(StallFree, TheStepTargetInMillisecondsMeetsTheStepsMeasuredCost) {
   FakeRunner runner;
   double now_ms = 0;
@@ -476,10 +485,7 @@ TEST(StallFree, TheStepTargetInMillisecondsMeetsTheStepsMeasuredCost) {
   Engine e(config, runner);
   e.set_clock([&now_ms] { return now_ms / 1e3; });
   Collected a, b;
-  Submit(e, Prompt(6, 1), Greedy(8), &a);
-  ASSERT_TRUE(e.Step().ok());
-  Submit(e, Prompt(60, 2), Greedy(2), &b);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e.Step().ok());
+  DecodeThenPrompt(e, 60, 4, &a, &b);
   const std::vector<std::vector<RunRecord>> want = {
       {{1, 0, 6}},
       {{1, 6, 1}, {2, 0, 19}},
@@ -504,10 +510,8 @@ TEST(StallFree, APromptAtMostDoublesTheDecodeStepItJoins) {
   Engine e(config, runner);
   e.set_clock([&now_ms] { return now_ms / 1e3; });
   Collected a, b;
-  Submit(e, Prompt(6, 1), Greedy(8), &a);
-  ASSERT_TRUE(e.Step().ok());  // 36 ms for 6 tokens: one size, so 6 ms a token, no fixed cost
-  Submit(e, Prompt(100, 2), Greedy(2), &b);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e.Step().ok());
+  // Step 1: 36 ms for 6 tokens, one size, so 6 ms a token and no fixed cost.
+  DecodeThenPrompt(e, 100, 5, &a, &b);
   // Step 2 cuts by the target alone (100 ms / 6 ms = 16 tokens); from step 3 the fit is exact
   // (a = 30 ms = 30 tokens): the prompt gets 30 + 1 tokens beside the one decode, not the 69
   // the target leaves, so each step takes 62 ms against the decode's 31 ms.

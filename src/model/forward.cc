@@ -277,13 +277,14 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
   // jobs evenly through the list, or a long sequence's work would all land on the last thread.
   job_order_.clear();
   const size_t n_jobs = n_head_jobs + split_jobs_.size();
-  for (size_t k = 0, head_job = 0; k < split_jobs_.size(); ++k) {
-    const size_t at = (k * n_jobs) / split_jobs_.size();  // where split job k goes
-    while (job_order_.size() < at && head_job < n_head_jobs) job_order_.push_back(head_job++);
-    job_order_.push_back(n_head_jobs + k);
-    if (k + 1 == split_jobs_.size()) {
-      while (head_job < n_head_jobs) job_order_.push_back(head_job++);
+  if (!split_jobs_.empty()) {
+    size_t head_job = 0;
+    for (size_t k = 0; k < split_jobs_.size(); ++k) {
+      const size_t at = (k * n_jobs) / split_jobs_.size();  // where split job k goes
+      while (job_order_.size() < at) job_order_.push_back(head_job++);
+      job_order_.push_back(n_head_jobs + k);
     }
+    while (head_job < n_head_jobs) job_order_.push_back(head_job++);
   }
   pool_.ParallelFor(n_jobs, 1, [&](int, size_t begin, size_t end) {
     for (size_t slot = begin; slot < end; ++slot) {
@@ -303,9 +304,8 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
         const int32_t t = (chunk.first_query + k) / group;  // token within the sequence
         const size_t i = static_cast<size_t>(seq.first_token + t);
         const int32_t h = g * group + (chunk.first_query + k) % group;
-        q[k] = q_.data() + i * c_.q_dim() + static_cast<size_t>(h) * c_.head_dim_k;
-        out[k] =
-            att_.data() + i * c_.n_head * c_.head_dim_v + static_cast<size_t>(h) * c_.head_dim_v;
+        q[k] = QueryRow(i, h);
+        out[k] = OutputRow(i, h);
         n_keys[k] = seq.n_cached + t + 1;  // causal: itself and everything before
       }
       const std::vector<float>& key_rope = key_rope_[chunk.seq];
@@ -328,11 +328,10 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
         const size_t i = static_cast<size_t>(seq.first_token + t);
         const int32_t h = g * group + k % group;
         const size_t row = sc.first_row + static_cast<size_t>(g) * n + k;
-        MergePartitions(
-            shape, kv.v_type, KeyPartitions(seq.n_cached + t + 1), partial_o_.data() + row * stride,
-            part_rows * stride, partial_ml_.data() + row, partial_ml_.data() + partial_rows + row,
-            part_rows,
-            att_.data() + i * c_.n_head * c_.head_dim_v + static_cast<size_t>(h) * c_.head_dim_v);
+        MergePartitions(shape, kv.v_type, KeyPartitions(seq.n_cached + t + 1),
+                        partial_o_.data() + row * stride, part_rows * stride,
+                        partial_ml_.data() + row, partial_ml_.data() + partial_rows + row,
+                        part_rows, OutputRow(i, h));
       }
     }
   });
@@ -359,8 +358,7 @@ void ForwardPass::SplitJob(const RaggedBatch& b, const KvLayerView& kv, const At
       views[h] = kv.Head(g, seq.kv_blocks.data(), key_rope.empty() ? nullptr : key_rope.data());
       for (int32_t k = 0; k < n; ++k) {
         const size_t i = static_cast<size_t>(seq.first_token + k / group);
-        const int32_t qh = g * group + k % group;
-        q[h * n + k] = q_.data() + i * c_.q_dim() + static_cast<size_t>(qh) * c_.head_dim_k;
+        q[h * n + k] = QueryRow(i, g * group + k % group);
       }
     }
     const size_t row = sc.first_row + job.part * part_rows + static_cast<size_t>(g0) * n;
@@ -394,7 +392,7 @@ void ForwardPass::AccumulateAttentionMass(const RaggedBatch& b, const KvLayerVie
           const size_t i = static_cast<size_t>(seq.first_token + t);
           for (int32_t j = 0; j < group; ++j) {
             const size_t h = g * group + j;
-            q.push_back(q_.data() + i * c_.q_dim() + h * c_.head_dim_k);
+            q.push_back(QueryRow(i, static_cast<int32_t>(h)));
             n_keys.push_back(seq.n_cached + t + 1);
           }
         }

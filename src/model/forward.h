@@ -53,6 +53,13 @@ class ForwardPass {
   // (BatchSequence::attention_mass) gave its keys, summed over heads, for one layer.
   void AccumulateAttentionMass(const RaggedBatch& batch, const KvLayerView& kv);
   void Reserve(int32_t n);
+  // Query head h of the ubatch's token i (q_), and where its attention output goes (att_).
+  float* QueryRow(size_t i, int32_t h) {
+    return q_.data() + i * c_.q_dim() + static_cast<size_t>(h) * c_.head_dim_k;
+  }
+  float* OutputRow(size_t i, int32_t h) {
+    return att_.data() + (i * c_.n_head + static_cast<size_t>(h)) * c_.head_dim_v;
+  }
   // Runs fn(i) for every token of the ubatch, split over the pool when there are several.
   template <typename Fn>
   void ForEachToken(int32_t n, const Fn& fn);
