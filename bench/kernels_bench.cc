@@ -60,7 +60,7 @@ void BM_MatMul(benchmark::State& state) {
 
 void Args(benchmark::internal::Benchmark* b) {
   for (DType t : {DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
-    for (int64_t tokens : {1, 512}) b->Args({static_cast<int64_t>(t), tokens, 2});
+    for (int64_t tokens : {1, 64, 512}) b->Args({static_cast<int64_t>(t), tokens, 2});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

@@ -646,5 +646,47 @@ TEST(Interleave, ExactOnPreQuantizedActivations) {
   }
 }
 
+// A layer's q/k/v (rows of different counts, some not a multiple of the 32-row prefill tile) in
+// one pass: each output is MatMul's bit for bit, at every token count and thread count, and a
+// mix of activation forms (which falls back to one MatMul each) too.
+TEST(Interleave, SharedInputEqualsOneMatMulEach) {
+  if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
+  std::vector<std::vector<DType>> sets;
+  for (DType t : kInterleavedTypes) sets.push_back({t, t, t});
+  sets.push_back({DType::kQ4_K, DType::kQ4_K, DType::kQ6_K});  // Q4_K_M's q/k/v: one form
+  sets.push_back({DType::kQ4_0, DType::kQ8_0, DType::kF16});   // three forms
+  for (const std::vector<DType>& types : sets) {
+    const int64_t cols = 512;
+    const int64_t rows[] = {80, 48, 16};
+    std::vector<TestMatrix> m;
+    for (size_t i = 0; i < types.size(); ++i) {
+      m.push_back(MakeMatrix(types[i], rows[i], cols, 40 + static_cast<uint32_t>(i)));
+      Interleave(m.back());
+    }
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      for (int64_t n : {1, 3, 9, 70}) {
+        SCOPED_TRACE(std::string(DTypeName(types[0])) + "/" + std::string(DTypeName(types[2])) +
+                     " threads " + std::to_string(threads) + " tokens " + std::to_string(n));
+        const std::vector<float> x = Activations(n, cols, 50 + static_cast<uint32_t>(n));
+        std::vector<std::vector<float>> alone(3), shared(3);
+        std::vector<MatMulOutput> products;
+        for (size_t i = 0; i < 3; ++i) {
+          alone[i].assign(static_cast<size_t>(n * rows[i]), NAN);
+          shared[i].assign(alone[i].size(), NAN);
+          MatMul(m[i].view, x.data(), n, alone[i].data(), pool);
+          products.push_back({&m[i].view, shared[i].data()});
+        }
+        MatMulSharedInput(products, x.data(), n, pool);
+        for (size_t i = 0; i < 3; ++i) {
+          ASSERT_EQ(0,
+                    std::memcmp(alone[i].data(), shared[i].data(), alone[i].size() * sizeof(float)))
+              << "product " << i;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvs

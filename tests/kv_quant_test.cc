@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -12,6 +14,7 @@
 #include "kernels/kv_layer.h"
 #include "kernels/kv_quant.h"
 #include "kernels/kv_types.h"
+#include "tensor/dtype.h"
 #include "testing/random.h"
 
 namespace kvs {
@@ -142,6 +145,38 @@ TEST(KvQuant, StoreLoadRoundTrip) {
         }
         EXPECT_LT(RelativeError(x[pos], k_back), RoundTripBound(t)) << "key pos " << pos;
         EXPECT_EQ(k_back, v_back) << "keys and values code alike, pos " << pos;
+      }
+    }
+  }
+}
+
+// f16 stores take the CPU's converter; each element must be the scalar F32ToF16's code, for
+// normal, subnormal, overflowing and signed-zero values, whole 16-lane runs and tails alike.
+TEST(KvQuant, F16StoresMatchTheScalarConversion) {
+  const float specials[] = {
+      0.0f,     -0.0f,    1.0f,           -2.5f,           65504.0f, 65519.0f,
+      65520.0f, 1e6f,     -1e6f,          6.1e-5f,         6.0e-8f,  2.9e-8f,
+      3.0e-8f,  -4.5e-6f, 1.00048828125f, 1.000732421875f, INFINITY, -INFINITY};
+  for (int32_t n : {8, 24, 64, 72}) {
+    SCOPED_TRACE("head_dim " + std::to_string(n));
+    std::vector<uint8_t> kb(KvHeadBlockBytes(KvType::kF16, n)), vb(kb.size());
+    std::vector<std::vector<float>> x(16);
+    for (int32_t pos = 0; pos < 16; ++pos) {
+      x[pos] = testing::GaussianVector(n, 7 * n + pos);
+      for (int32_t d = 0; d < n; ++d) {
+        if ((d + pos) % 3 == 0) x[pos][d] = specials[(d + pos) % std::size(specials)];
+      }
+      StoreKey(KvType::kF16, kb.data(), n, pos, x[pos].data());
+      StoreValue(KvType::kF16, vb.data(), n, pos, x[pos].data());
+    }
+    for (int32_t pos = 0; pos < 16; ++pos) {
+      for (int32_t d = 0; d < n; ++d) {
+        const uint16_t want = F32ToF16(x[pos][d]);
+        uint16_t k, v;
+        std::memcpy(&k, kb.data() + 32 * d + 2 * pos, 2);
+        std::memcpy(&v, vb.data() + KvValueRowBytes(KvType::kF16, n) * pos + 2 * d, 2);
+        ASSERT_EQ(k, want) << "key pos " << pos << " dim " << d << " x " << x[pos][d];
+        ASSERT_EQ(v, want) << "value pos " << pos << " dim " << d << " x " << x[pos][d];
       }
     }
   }

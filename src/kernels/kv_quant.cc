@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "core/check.h"
 #include "tensor/dtype.h"
 
@@ -386,7 +390,30 @@ void RotateBack(float* x, int32_t n) {
   }
 }
 
+// f16 codes of x[n], with the CPU's converter where it has one: round to nearest even as
+// F32ToF16 (a NaN keeps its payload's top bits there; both give a NaN).
+void F16Codes(const float* x, int32_t n, uint16_t* out) {
+  int32_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    // The masked form: GCC 12's plain _mm512_cvtps_ph reads an undefined register (a
+    // -Wmaybe-uninitialized false alarm).
+    const __m256i h = _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(x + i),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
+  }
+#endif
+  for (; i < n; ++i) out[i] = F32ToF16(x[i]);
+}
+
 void StoreKey(KvType t, uint8_t* head_block, int32_t n, int32_t pos, const float* x) {
+  if (t == KvType::kF16) {  // the common cache type: no codes array, no per-element switch
+    KVS_CHECK_MSG(n <= kMaxHeadDim, "head size above 1024");
+    uint16_t h[kMaxHeadDim];
+    F16Codes(x, n, h);
+    for (int32_t d = 0; d < n; ++d) std::memcpy(head_block + 32 * d + 2 * pos, &h[d], 2);
+    return;
+  }
   uint32_t codes[kMaxHeadDim];
   uint16_t scales[kMaxHeadDim];
   const int32_t g = Quantize(t, x, n, codes, scales);
@@ -397,6 +424,11 @@ void StoreKey(KvType t, uint8_t* head_block, int32_t n, int32_t pos, const float
 }
 
 void StoreValue(KvType t, uint8_t* head_block, int32_t n, int32_t pos, const float* x) {
+  if (t == KvType::kF16) {
+    uint16_t* row = reinterpret_cast<uint16_t*>(head_block + pos * KvValueRowBytes(t, n));
+    F16Codes(x, n, row);
+    return;
+  }
   uint32_t codes[kMaxHeadDim];
   uint16_t scales[kMaxHeadDim];
   const int32_t g = Quantize(t, x, n, codes, scales);

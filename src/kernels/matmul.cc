@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "core/aligned.h"
@@ -55,24 +56,123 @@ void QuantizeTokens(int64_t n_tokens, ThreadPool& pool, const Fn& quantize) {
   }
 }
 
-// Runs kernel(r0, r1, t0, t1) over all rows and tokens, rows split over the pool.
-template <class Kernel>
-void ForRowBlocks(const MatrixView& w, int64_t n_tokens, ThreadPool& pool, const Kernel& kernel,
-                  int64_t one_pass_tokens = 1) {
+// Rows a thread runs every token through before moving on (whole prefill tiles, weights
+// within kBlockBytes); all rows when the kernel's tile takes every token in one pass.
+int64_t BlockRows(const MatrixView& w, int64_t n_tokens, int64_t one_pass_tokens) {
   // Tokens that the kernel's tile takes in one pass (one token; a speculative verification's
   // few for the float kernels) read each weight once whatever the order: no blocking, which
   // would only cut the kernels' multi-row tiles short at every block edge.
-  const int64_t block_rows =
-      n_tokens <= one_pass_tokens
-          ? w.rows
-          : std::max<int64_t>(kBlockRowMultiple,
-                              static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
-                                  kBlockRowMultiple * kBlockRowMultiple);
-  pool.ParallelFor(static_cast<size_t>(w.rows), kRowGrain, [&](int, size_t begin, size_t end) {
-    for (int64_t r = static_cast<int64_t>(begin); r < static_cast<int64_t>(end); r += block_rows) {
-      kernel(r, std::min<int64_t>(r + block_rows, static_cast<int64_t>(end)), 0, n_tokens);
+  if (n_tokens <= one_pass_tokens) return w.rows;
+  return std::max<int64_t>(kBlockRowMultiple,
+                           static_cast<int64_t>(kBlockBytes / std::max<size_t>(1, w.row_bytes)) /
+                               kBlockRowMultiple * kBlockRowMultiple);
+}
+
+// Runs kernel(product, r0, r1, t0, t1) over all rows of all products and all tokens: the
+// products' rows are laid end to end and split over the pool in one pass. Each product's rows
+// are a multiple of kRowGrain where there is more than one, so thread boundaries stay on
+// 16-row groups of every matrix.
+template <class Kernel>
+void ForRowBlocks(std::span<const MatMulOutput> products, int64_t n_tokens, ThreadPool& pool,
+                  const Kernel& kernel, int64_t one_pass_tokens = 1) {
+  int64_t total_rows = 0;
+  for (const MatMulOutput& p : products) total_rows += p.w->rows;
+  pool.ParallelFor(static_cast<size_t>(total_rows), kRowGrain, [&](int, size_t begin, size_t end) {
+    int64_t offset = 0;  // first row of product p in the concatenation
+    for (const MatMulOutput& p : products) {
+      const int64_t r_begin = std::max<int64_t>(static_cast<int64_t>(begin) - offset, 0);
+      const int64_t r_end = std::min<int64_t>(static_cast<int64_t>(end) - offset, p.w->rows);
+      offset += p.w->rows;
+      if (r_begin >= r_end) continue;
+      const int64_t block_rows = BlockRows(*p.w, n_tokens, one_pass_tokens);
+      for (int64_t r = r_begin; r < r_end; r += block_rows) {
+        kernel(p, r, std::min<int64_t>(r + block_rows, r_end), 0, n_tokens);
+      }
     }
   });
+}
+
+template <class Kernel>
+void ForRowBlocks(const MatrixView& w, float* out, int64_t n_tokens, ThreadPool& pool,
+                  const Kernel& kernel, int64_t one_pass_tokens = 1) {
+  const MatMulOutput one{&w, out};
+  ForRowBlocks(
+      std::span<const MatMulOutput>(&one, 1), n_tokens, pool,
+      [&](const MatMulOutput&, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        kernel(r0, r1, t0, t1);
+      },
+      one_pass_tokens);
+}
+
+// The activations an interleaved matrix's kernel reads: matrices with equal forms can share
+// one quantization of their input.
+struct InterleavedActs {
+  enum Kind { kNone, kFloat, kFlat, kQ8K } kind = kNone;
+  int32_t code_offset = 0;  // kFlat
+  bool operator==(const InterleavedActs&) const = default;
+};
+
+InterleavedActs ActsOf(const MatrixView& w) {
+  if (w.layout != WeightLayout::kInterleaved16) return {};
+  switch (w.type) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return {InterleavedActs::kFloat};
+    case DType::kQ4_K:
+    case DType::kQ6_K:
+      return {InterleavedActs::kQ8K};
+    default:
+      return {InterleavedActs::kFlat, matmul_internal::InterleavedCodeOffset(w.type)};
+  }
+}
+
+// Products of interleaved matrices that all take the activations `form`.
+void MatMulInterleaved(std::span<const MatMulOutput> products, InterleavedActs form, const float* x,
+                       int64_t n_tokens, ThreadPool& pool) {
+  const int64_t cols = products[0].w->cols;
+  switch (form.kind) {
+    case InterleavedActs::kFloat:
+      ForRowBlocks(
+          products, n_tokens, pool,
+          [&](const MatMulOutput& p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+            matmul_internal::MatMulRowsInterleavedFloat(*p.w, r0, r1, x, t0, t1, p.out, p.w->rows);
+          },
+          matmul_internal::kFloatFewTokens);
+      return;
+    case InterleavedActs::kQ8K: {
+      const int64_t n_blocks = cols / kSuperBlock;
+      auto* acts = ActScratch<matmul_internal::KAct256>(static_cast<size_t>(n_tokens * n_blocks));
+      QuantizeTokens(n_tokens, pool, [&](int64_t t) {
+        matmul_internal::QuantizeActivationsQ8K(x + t * cols, cols, acts + t * n_blocks);
+      });
+      const matmul_internal::KActs256 a{acts, n_blocks};
+      ForRowBlocks(products, n_tokens, pool,
+                   [&](const MatMulOutput& p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+                     matmul_internal::MatMulRowsInterleavedKQuant(*p.w, r0, r1, a, t0, t1, p.out,
+                                                                  p.w->rows);
+                   });
+      return;
+    }
+    case InterleavedActs::kFlat: {
+      const int64_t n_blocks = cols / 32;
+      auto* acts = ActScratch<matmul_internal::ActBlock>(static_cast<size_t>(n_tokens * n_blocks));
+      QuantizeTokens(n_tokens, pool, [&](int64_t t) {
+        matmul_internal::QuantizeActivationsFlat(x + t * cols, cols, form.code_offset,
+                                                 acts + t * n_blocks);
+      });
+      const matmul_internal::FlatActs a{acts, n_blocks};
+      ForRowBlocks(products, n_tokens, pool,
+                   [&](const MatMulOutput& p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+                     matmul_internal::MatMulRowsInterleaved(*p.w, r0, r1, a, t0, t1, p.out,
+                                                            p.w->rows);
+                   });
+      return;
+    }
+    case InterleavedActs::kNone:
+      break;
+  }
+  KVS_CHECK(false && "not an interleaved matrix");
 }
 
 void MatMulRowsDequantized(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,
@@ -91,41 +191,9 @@ void MatMulRowsDequantized(const MatrixView& w, int64_t r0, int64_t r1, const fl
 void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, ThreadPool& pool) {
   if (w.rows == 0 || n_tokens == 0) return;
   KVS_CHECK(w.row_bytes >= RowBytes(w.type, static_cast<size_t>(w.cols)));
-  if (w.layout == WeightLayout::kInterleaved16 &&
-      (w.type == DType::kF32 || w.type == DType::kF16 || w.type == DType::kBF16)) {
-    ForRowBlocks(
-        w, n_tokens, pool,
-        [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-          matmul_internal::MatMulRowsInterleavedFloat(w, r0, r1, x, t0, t1, out, w.rows);
-        },
-        matmul_internal::kFloatFewTokens);
-    return;
-  }
-  if (w.layout == WeightLayout::kInterleaved16 &&
-      (w.type == DType::kQ4_K || w.type == DType::kQ6_K)) {
-    const int64_t n_blocks = w.cols / kSuperBlock;
-    auto* acts = ActScratch<matmul_internal::KAct256>(static_cast<size_t>(n_tokens * n_blocks));
-    QuantizeTokens(n_tokens, pool, [&](int64_t t) {
-      matmul_internal::QuantizeActivationsQ8K(x + t * w.cols, w.cols, acts + t * n_blocks);
-    });
-    const matmul_internal::KActs256 a{acts, n_blocks};
-    ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-      matmul_internal::MatMulRowsInterleavedKQuant(w, r0, r1, a, t0, t1, out, w.rows);
-    });
-    return;
-  }
   if (w.layout == WeightLayout::kInterleaved16) {
-    const int64_t n_blocks = w.cols / 32;
-    auto* acts = ActScratch<matmul_internal::ActBlock>(static_cast<size_t>(n_tokens * n_blocks));
-    const int32_t code_offset = matmul_internal::InterleavedCodeOffset(w.type);
-    QuantizeTokens(n_tokens, pool, [&](int64_t t) {
-      matmul_internal::QuantizeActivationsFlat(x + t * w.cols, w.cols, code_offset,
-                                               acts + t * n_blocks);
-    });
-    const matmul_internal::FlatActs a{acts, n_blocks};
-    ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-      matmul_internal::MatMulRowsInterleaved(w, r0, r1, a, t0, t1, out, w.rows);
-    });
+    const MatMulOutput one{&w, out};
+    MatMulInterleaved(std::span<const MatMulOutput>(&one, 1), ActsOf(w), x, n_tokens, pool);
     return;
   }
   switch (w.type) {
@@ -146,7 +214,7 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
       auto* rows_fn = w.type == DType::kQ8_0   ? matmul_internal::MatMulRowsQ8_0
                       : w.type == DType::kQ4_0 ? matmul_internal::MatMulRowsQ4_0
                                                : matmul_internal::MatMulRowsQ5_0;
-      ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+      ForRowBlocks(w, out, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         rows_fn(w, r0, r1, a, t0, t1, out, w.rows);
       });
       return;
@@ -154,7 +222,7 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
-      ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+      ForRowBlocks(w, out, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         matmul_internal::MatMulRowsFloat(w, r0, r1, x, t0, t1, out, w.rows);
       });
       return;
@@ -171,7 +239,7 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
           matmul_internal::QuantizeActivationsK(x + t * w.cols, w.cols, order, acts + t * n_blocks);
         });
         const matmul_internal::KQuantizedActs a{acts, n_blocks};
-        ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        ForRowBlocks(w, out, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
           matmul_internal::MatMulRowsKQuant(w, r0, r1, a, t0, t1, out, w.rows);
         });
         return;
@@ -180,11 +248,28 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
     default:
       // Formats without an integer kernel (Q2_K, Q3_K, Q4_1, Q5_1; K-quants without AVX-512):
       // dequantize each row once and reuse it for every token.
-      ForRowBlocks(w, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+      ForRowBlocks(w, out, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         MatMulRowsDequantized(w, r0, r1, x, t0, t1, out);
       });
       return;
   }
+}
+
+void MatMulSharedInput(std::span<const MatMulOutput> products, const float* x, int64_t n_tokens,
+                       ThreadPool& pool) {
+  if (products.empty() || n_tokens == 0) return;
+  const InterleavedActs form = ActsOf(*products[0].w);
+  bool shared = form.kind != InterleavedActs::kNone;
+  for (const MatMulOutput& p : products) {
+    KVS_CHECK(p.w->cols == products[0].w->cols);
+    KVS_CHECK(p.w->row_bytes >= RowBytes(p.w->type, static_cast<size_t>(p.w->cols)));
+    shared = shared && ActsOf(*p.w) == form && p.w->rows % static_cast<int64_t>(kRowGrain) == 0;
+  }
+  if (!shared) {  // mixed forms: each matrix quantizes its own input
+    for (const MatMulOutput& p : products) MatMul(*p.w, x, n_tokens, p.out, pool);
+    return;
+  }
+  MatMulInterleaved(products, form, x, n_tokens, pool);
 }
 
 void MatMulReference(const MatrixView& w, const float* x, int64_t n_tokens, float* out) {

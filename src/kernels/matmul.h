@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/thread_pool.h"
 #include "tensor/dtype.h"
@@ -33,6 +34,19 @@ struct MatrixView {
 // out[t][r] = sum_c W[r][c] * x[t][c] for t < n_tokens.
 // x is [n_tokens][cols] f32, out is [n_tokens][rows] f32. Rows are split over the pool.
 void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, ThreadPool& pool);
+
+// One product of MatMulSharedInput: out is [n_tokens][w->rows].
+struct MatMulOutput {
+  const MatrixView* w;
+  float* out;
+};
+
+// MatMul for several matrices of one input x[n_tokens][cols] (a layer's q, k and v, or its gate
+// and up): where the matrices' kernels read the same activation form the input is quantized
+// once, and all their rows go over the pool in one pass, one hand-off instead of one per
+// matrix. Each out is bit-identical to MatMul's.
+void MatMulSharedInput(std::span<const MatMulOutput> products, const float* x, int64_t n_tokens,
+                       ThreadPool& pool);
 
 // Scalar twin of MatMul: dequantizes each row and accumulates in double. Tests only.
 void MatMulReference(const MatrixView& w, const float* x, int64_t n_tokens, float* out);

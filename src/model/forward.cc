@@ -157,9 +157,8 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
       RmsNorm(x + static_cast<size_t>(i) * d, L.attn_norm.data(), d, c_.rms_eps,
               xn + static_cast<size_t>(i) * d);
     });
-    MatMul(L.wq, xn, n, q_.data(), pool_);
-    MatMul(L.wk, xn, n, k_.data(), pool_);
-    MatMul(L.wv, xn, n, v_.data(), pool_);
+    const MatMulOutput qkv[] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
+    MatMulSharedInput(qkv, xn, n, pool_);
     ForEachToken(n, [&](int32_t i) {
       float* qi = q_.data() + static_cast<size_t>(i) * c_.q_dim();
       float* ki = k_.data() + static_cast<size_t>(i) * c_.k_dim();
@@ -190,8 +189,8 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
       RmsNorm(x + static_cast<size_t>(i) * d, L.ffn_norm.data(), d, c_.rms_eps,
               xn + static_cast<size_t>(i) * d);
     });
-    MatMul(L.w_gate, xn, n, gate_.data(), pool_);
-    MatMul(L.w_up, xn, n, up_.data(), pool_);
+    const MatMulOutput gate_up[] = {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}};
+    MatMulSharedInput(gate_up, xn, n, pool_);
     ForEachToken(n, [&](int32_t i) {
       float* g = gate_.data() + static_cast<size_t>(i) * c_.n_ff;
       SwiGlu(g, up_.data() + static_cast<size_t>(i) * c_.n_ff, g, c_.n_ff);
