@@ -103,6 +103,12 @@ echo "$out" | grep -q "63 tokens.*finish: length" && pass "-c ends generation at
 "$BIN" bench throughput -m "$S" --requests 6 --concurrency 3 --prompt-tokens 9 --gen-tokens 5 --json -t 2 >"$TMP/tp" 2>/dev/null &&
   grep -q '"output_tps"' "$TMP/tp" && grep -q '"output_tokens":30' "$TMP/tp" && pass "bench throughput --json" ||
   fail "bench throughput: $(head -c 300 "$TMP/tp")"
+# An offline batch runs without a step target unless one is asked for.
+grep -Eq '"max_step_ms":0(\.0)?[,}]' "$TMP/tp" && pass "bench throughput: no step target by default" ||
+  fail "bench throughput default max_step_ms: $(head -c 300 "$TMP/tp")"
+"$BIN" bench throughput -m "$S" --requests 2 --concurrency 2 --prompt-tokens 9 --gen-tokens 3 --json -t 2 \
+  --max-step-ms 50 2>/dev/null | grep -Eq '"max_step_ms":50(\.0)?[,}]' && pass "bench throughput --max-step-ms 50" ||
+  fail "bench throughput --max-step-ms 50 not applied"
 
 # Hostile input (issue #16). -f takes a regular file of at most 64 MiB: a device, a FIFO or a
 # directory is an error, never an endless read, a blocked open or an empty prompt.

@@ -389,7 +389,9 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
 
   auto t = std::make_shared<ThroughputArgs>();
   CLI::App* throughput =
-      bench->add_subcommand("throughput", "Offline throughput: N requests at concurrency C");
+      bench->add_subcommand("throughput",
+                            "Offline throughput: N requests at concurrency C (no step target "
+                            "unless --max-step-ms is given)");
   throughput->add_option("-m,--model", t->model, "GGUF model file");
   AddModelFlags(throughput, &t->model_options);
   throughput->add_option("--requests", t->requests, "Requests")
@@ -407,6 +409,10 @@ Runner AddEngineBenchCommands(CLI::App* bench) {
       ->check(CLI::Range(1, 1 << 20));
   throughput->add_option("-s,--seed", t->seed, "Prompt seed")->capture_default_str();
   throughput->add_flag("--json", t->json, "Print one JSON object");
+  // An offline batch has no one waiting between tokens: no step target by default, so prompts
+  // take the whole --max-batch-tokens and all sequences decode together (as vLLM sizes its
+  // offline LLM class's batches apart from its API server's). --max-step-ms still applies.
+  t->engine.options.max_step_ms = 0;
   AddEngineFlags(throughput, &t->engine, /*default_parallel=*/16);
   throughput->remove_option(throughput->get_option("--parallel"));
   throughput->remove_option(throughput->get_option("--ctx-size"));
