@@ -141,6 +141,30 @@ TEST_P(TinyModelTest, LongContextSplitKDecodeMatchesPrefill) {
   EXPECT_EQ(std::memcmp(tail.data(), decoded.data(), tail.size() * sizeof(float)), 0);
 }
 
+// Within one key partition too, a decode step walks a sequence's KV heads together (one job per
+// sequence) while a step of more than 8 queries per KV head walks head by head: the logits
+// must agree bit for bit (what lets verification of drafts reproduce decode exactly).
+TEST_P(TinyModelTest, ShortContextDecodeMatchesAMultiTokenStepBitForBit) {
+  auto model = Load();
+  const int32_t V = model->config().n_vocab;
+  constexpr int32_t kFirst = 21, kTail = 9;  // kTail * group > 8 queries per KV head
+  std::vector<int32_t> tokens(kFirst + kTail);
+  std::mt19937 rng(11);
+  for (int32_t& t : tokens) t = 1 + static_cast<int32_t>(rng() % (V - 1));
+  ThreadPool pool(2);
+  std::vector<float> one(V), decoded, tail(static_cast<size_t>(kTail) * V);
+  SingleSequence fa(*model, pool, 64);
+  ASSERT_TRUE(fa.Run(tokens.data(), kFirst, 0, 1, one.data()).ok());
+  for (int32_t i = kFirst; i < kFirst + kTail; ++i) {
+    ASSERT_TRUE(fa.Run(&tokens[i], 1, i, 1, one.data()).ok());
+    decoded.insert(decoded.end(), one.begin(), one.end());
+  }
+  SingleSequence fb(*model, pool, 64);
+  ASSERT_TRUE(fb.Run(tokens.data(), kFirst, 0, 1, one.data()).ok());
+  ASSERT_TRUE(fb.Run(&tokens[kFirst], kTail, kFirst, kTail, tail.data()).ok());
+  EXPECT_EQ(std::memcmp(tail.data(), decoded.data(), tail.size() * sizeof(float)), 0);
+}
+
 TEST_P(TinyModelTest, ThreadCountDoesNotChangeGreedyOutput) {
   auto model = Load();
   GenerateOptions opt;
