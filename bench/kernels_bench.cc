@@ -67,6 +67,33 @@ void Args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatMul)->Apply(Args);
 
+// The same products as a forward pass meets them: 16 distinct matrices (128-144 MiB of weights,
+// four times the L3), run one after another, so every weight comes from memory as in a batched
+// decode step. args {type, tokens}.
+void BM_MatMulStream(benchmark::State& state) {
+  const auto type = static_cast<DType>(state.range(0));
+  const int64_t tokens = state.range(1), rows = 8192, cols = 2048;
+  constexpr int kMatrices = 16;
+  std::vector<Fixture> f;
+  for (int i = 0; i < kMatrices; ++i) f.push_back(Make(type, rows, cols, tokens));
+  ThreadPool pool(2);
+  for (auto _ : state) {
+    for (Fixture& m : f) {
+      MatMul(m.w, m.x.data(), tokens, m.out.data(), pool);
+      benchmark::DoNotOptimize(m.out.data());
+    }
+  }
+  state.SetLabel(std::string(DTypeName(type)));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * rows * cols * tokens * kMatrices * state.iterations(),
+                         benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+}
+BENCHMARK(BM_MatMulStream)
+    ->ArgsProduct({{static_cast<int64_t>(DType::kQ4_0), static_cast<int64_t>(DType::kQ8_0)},
+                   {16, 64}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // One decode step's attention over a deep context in llama-1b's geometry (8 KV heads of 64,
 // 4 query heads each), KV in layer after layer of blocks as KvStorage lays them out (huge pages,
 // a block's heads side by side), so the keys come from memory, not cache: args {type, context,

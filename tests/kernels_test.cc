@@ -622,6 +622,25 @@ TEST(Interleave, MatMulMatchesReference) {
   }
 }
 
+// Up to 32 tokens the Q4_0/Q8_0 kernels run group-major (each pair of row groups through every
+// token tile, the next pair prefetched), beyond that token-major: the order must not change a
+// single output bit.
+TEST(Interleave, GroupMajorAndTokenMajorOrdersAgreeBitForBit) {
+  if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
+  ThreadPool pool(2);
+  for (DType t : {DType::kQ4_0, DType::kQ8_0}) {
+    SCOPED_TRACE(DTypeName(t));
+    const int64_t rows = 1008, cols = 2048, n = 65;
+    TestMatrix m = MakeMatrix(t, rows, cols, 55);
+    Interleave(m);
+    const std::vector<float> x = Activations(n, cols, 56);
+    std::vector<float> all(static_cast<size_t>(n * rows)), few(static_cast<size_t>(32 * rows));
+    MatMul(m.view, x.data(), n, all.data(), pool);   // token-major
+    MatMul(m.view, x.data(), 32, few.data(), pool);  // group-major
+    EXPECT_EQ(0, std::memcmp(all.data(), few.data(), few.size() * sizeof(float)));
+  }
+}
+
 // On activations already rounded to what the kernel quantizes them to, only f32 rounding of
 // scales and sums is left.
 TEST(Interleave, ExactOnPreQuantizedActivations) {
