@@ -154,10 +154,10 @@ constexpr int64_t kFewTokens = 32;
 // Decode streams 4 groups at once: 4 independent dpbusd chains and 4 memory streams.
 constexpr int kDecodeGroups = 4;
 
-template <class F, int G>
+template <class F, int G, bool kPrefetchNext = false>
 TileFn PickTokens(int64_t nt) {
   return PickTokenCount<TileFn, kPrefillTokens>(
-      nt, [](auto tokens) -> TileFn { return Tile<F, G, decltype(tokens)::value>; });
+      nt, [](auto tokens) -> TileFn { return Tile<F, G, decltype(tokens)::value, kPrefetchNext>; });
 }
 
 template <class F>
@@ -189,10 +189,8 @@ void Rows(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a, int64_
     // while it is in L1, and the next pair is fetched meanwhile, so the weights stream from
     // memory once, evenly, under the compute. Token-major order would read a whole block from
     // memory in its first tile, with little compute to hide it behind.
-    const int64_t n_first = std::min<int64_t>(kPrefillTokens, t1 - t0);
-    const TileFn first = PickTokenCount<TileFn, kPrefillTokens>(n_first, [](auto tokens) -> TileFn {
-      return Tile<F, kPrefillGroups, decltype(tokens)::value, /*kPrefetchNext=*/true>;
-    });
+    const TileFn first = PickTokens<F, kPrefillGroups, /*kPrefetchNext=*/true>(
+        std::min<int64_t>(kPrefillTokens, t1 - t0));
     int64_t g = g_begin;
     for (; g + kPrefillGroups <= g_end; g += kPrefillGroups) {
       first(w, g, a, t0, out, out_stride);
