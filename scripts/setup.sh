@@ -4,7 +4,11 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates python3
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-      libcpp-httplib-dev libxxhash-dev libzstd-dev zlib1g-dev)
+      libcpp-httplib-dev libxxhash-dev libzstd-dev zlib1g-dev
+      libhiredis-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
+      redis-server haproxy python3-zmq python3-msgpack)
+# redis-server and haproxy: the shared-KV-tier tests start their own on loopback ports; the
+# package's own service (started by apt where an init system runs) is not used.
 # Node.js and npm run the openai npm package against the server in the tests; a machine that
 # already has node (e.g. from NodeSource, which bundles npm) keeps it.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
