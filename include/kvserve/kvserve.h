@@ -114,6 +114,15 @@ struct EngineOptions {
   int64_t kv_disk_size = 0;                      // bytes; 0: 20G or the free space, if less
   std::string kv_disk_policy = "write-through";  // or "write-back"
   std::string kv_disk_codec = "raw";             // or "zstd"
+
+  // Shared tier in Redis (--kv-redis redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]): blocks are
+  // written behind as they are computed and looked up, after RAM and disk, on a prefix miss, so
+  // replicas reuse each other's prompts. "": off.
+  std::string kv_redis;
+  std::string kv_redis_password_file;  // its first line is the password (overrides the URL's)
+  int64_t kv_redis_ttl = 0;            // seconds; 0: keys do not expire (maxmemory evicts)
+  int64_t kv_redis_timeout_ms = 500;   // connect and every command
+  std::string kv_redis_namespace = "kvserve";  // key prefix
 };
 
 struct GenerationOptions {
@@ -155,6 +164,7 @@ struct TokenEvent {
   std::vector<Alternative> top_logprobs;
   int32_t cached_tokens = 0;  // prompt tokens of this request served from the prefix cache
   int32_t disk_tokens = 0;    // of those, loaded from the disk tier (--kv-disk) for it
+  int32_t redis_tokens = 0;   // of those, loaded from the Redis tier (--kv-redis) for it
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -191,6 +201,17 @@ struct EngineStats {
   int64_t kv_disk_usage_bytes = 0;
   int64_t kv_disk_capacity_bytes = 0;
   int64_t kv_disk_blocks = 0;
+  // Redis tier (--kv-redis), totals in blocks and bytes.
+  bool kv_redis = false;         // a tier is configured
+  bool kv_redis_up = false;      // the last attempt to reach Redis succeeded
+  int64_t kv_redis_errors = 0;   // commands or connections that failed or timed out
+  int64_t kv_redis_hits = 0;     // blocks loaded from Redis
+  int64_t kv_redis_misses = 0;   // blocks past RAM and disk that Redis lacked (or was down)
+  int64_t kv_redis_corrupt = 0;  // values that failed a check (never loaded; deleted)
+  int64_t kv_redis_bytes_read = 0;
+  int64_t kv_redis_bytes_written = 0;
+  int64_t kv_redis_blocks_written = 0;
+  int64_t kv_redis_dropped = 0;  // blocks not written (queue full, or Redis down)
 };
 
 // A named prompt prefix kept on the disk tier (POST /v1/kv/documents, `kvserve kv save`).

@@ -13,6 +13,7 @@
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
+#include "kv/redis_block_store.h"
 #include "model/compressed_view.h"
 #include "tokenizer/tokenizer.h"
 
@@ -257,6 +258,20 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
       return nullptr;
     }
   }
+  if (!o.kv_redis.empty()) {
+    if (!o.prefix_cache || o.reserve_full_context) {
+      *error = "--kv-redis shares the prefix cache's blocks: it cannot go with --no-prefix-cache";
+      return nullptr;
+    }
+    ec.kv_redis.url = o.kv_redis;
+    ec.kv_redis.password_file = o.kv_redis_password_file;
+    ec.kv_redis.ttl_seconds = o.kv_redis_ttl;
+    ec.kv_redis.timeout_ms = o.kv_redis_timeout_ms;
+    ec.kv_redis.key_namespace = o.kv_redis_namespace;
+  } else if (!o.kv_redis_password_file.empty()) {
+    *error = "--kv-redis-password-file is only used with --kv-redis URL";
+    return nullptr;
+  }
   if (auto st = ec.Validate(); !st.ok()) {
     *error = st.message();
     return nullptr;
@@ -330,6 +345,7 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     out.logprob = e.logprob;
     out.cached_tokens = e.cached_tokens;
     out.disk_tokens = e.disk_tokens;
+    out.redis_tokens = e.redis_tokens;
     for (const kvs::TokenLogprob& alt : e.top_logprobs) {
       out.top_logprobs.push_back({alt.token, tok->TokenToPiece(alt.token, true), alt.logprob});
     }
@@ -397,6 +413,20 @@ EngineStats Engine::stats() const {
     s.kv_disk_usage_bytes = t.usage_bytes;
     s.kv_disk_capacity_bytes = static_cast<int64_t>(tier->config().capacity_bytes);
     s.kv_disk_blocks = t.blocks_stored;
+  }
+  if (const kvs::KvTier* tier = impl_->engine->redis_tier()) {
+    const kvs::KvTierStats t = tier->stats();
+    const kvs::RedisStoreStats r = tier->redis_store()->stats();
+    s.kv_redis = true;
+    s.kv_redis_up = r.up;
+    s.kv_redis_errors = r.errors;
+    s.kv_redis_hits = t.hits;
+    s.kv_redis_misses = t.misses;
+    s.kv_redis_corrupt = t.corrupt;
+    s.kv_redis_bytes_read = r.bytes_read;
+    s.kv_redis_bytes_written = r.bytes_written;
+    s.kv_redis_blocks_written = t.blocks_written;
+    s.kv_redis_dropped = t.dropped + t.write_errors;
   }
   return s;
 }

@@ -71,6 +71,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   AddSpecFlags(cmd, f);
   AddEvictionFlags(cmd, f);
   AddKvDiskFlags(cmd, f);
+  AddKvRedisFlags(cmd, f);
   cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -164,6 +165,38 @@ void AddKvDiskFlags(CLI::App* cmd, EngineFlags* f) {
                       "writes and loads)")
           ->capture_default_str()
           ->check(CLI::IsMember({"raw", "zstd"}));
+}
+
+void AddKvRedisFlags(CLI::App* cmd, EngineFlags* f) {
+  kvserve::EngineOptions& o = f->options;
+  cmd->add_option("--kv-redis", o.kv_redis,
+                  "Shared tier: a Redis server that replicas share, "
+                  "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]. Computed KV blocks are written "
+                  "behind and looked up after RAM and disk on a prefix miss; Redis down or slow "
+                  "costs reuse, never a request")
+      ->check([](const std::string& url) -> std::string {
+        return url.rfind("redis://", 0) == 0 || url.rfind("rediss://", 0) == 0
+                   ? ""
+                   : "--kv-redis: expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]";
+      });
+  cmd->add_option("--kv-redis-password-file", o.kv_redis_password_file,
+                  "Shared tier: read Redis's password from the first line of FILE (kept out of "
+                  "the command line; overrides a password in the URL)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--kv-redis-ttl", o.kv_redis_ttl,
+                  "Shared tier: seconds a block lives in Redis (0: no expiry; Redis's maxmemory "
+                  "policy, allkeys-lru, drops the least recently used)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{10} * 365 * 86400));
+  cmd->add_option("--kv-redis-timeout-ms", o.kv_redis_timeout_ms,
+                  "Shared tier: timeout of a connection and of every Redis command; past it the "
+                  "lookup misses (computed instead) and Redis is retried with backoff")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+  cmd->add_option("--kv-redis-namespace", o.kv_redis_namespace,
+                  "Shared tier: prefix of the keys (blocks of other models never collide: keys "
+                  "carry the weights' digest through the block hash)")
+      ->capture_default_str();
 }
 
 CLI::Validator RealRange(double lo, double hi, bool lo_open) {

@@ -36,6 +36,10 @@ void AddEvictionFlags(CLI::App* cmd, EngineFlags* flags);
 // --kv-disk, --kv-disk-size, --kv-disk-policy, --kv-disk-codec (the disk tier).
 void AddKvDiskFlags(CLI::App* cmd, EngineFlags* flags);
 
+// --kv-redis, --kv-redis-password-file, --kv-redis-ttl, --kv-redis-timeout-ms,
+// --kv-redis-namespace (the shared tier).
+void AddKvRedisFlags(CLI::App* cmd, EngineFlags* flags);
+
 // --check-tensors, for every command that loads a model to run it.
 void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options);
 

@@ -8,11 +8,11 @@ namespace kvs {
 
 AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner,
                          SpecRuntime spec, std::unique_ptr<EvictionPolicy> eviction_policy,
-                         std::unique_ptr<KvTier> tier)
+                         KvTiers tiers)
     : runner_(std::move(runner)),
       spec_(std::move(spec)),
       engine_(config, *runner_, spec_.drafter.get(), std::move(eviction_policy)) {
-  if (tier) engine_.AttachTier(std::move(tier));
+  for (auto& tier : tiers) engine_.AttachTier(std::move(tier));
   load_.usable_blocks = engine_.kv().num_usable_blocks();
   load_.free_blocks = engine_.kv().num_free_blocks();
   thread_ = std::thread([this] { Loop(); });

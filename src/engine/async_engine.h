@@ -41,10 +41,9 @@ class AsyncEngine {
  public:
   // spec: the drafter (and what it reads) when the engine speculates.
   // eviction_policy: as Engine's (null: made from config.eviction.policy).
-  // tier: the disk tier under the prefix cache (null: none).
+  // tiers: the tiers under the prefix cache (disk, Redis; none when empty).
   AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner, SpecRuntime spec = {},
-              std::unique_ptr<EvictionPolicy> eviction_policy = nullptr,
-              std::unique_ptr<KvTier> tier = nullptr);
+              std::unique_ptr<EvictionPolicy> eviction_policy = nullptr, KvTiers tiers = {});
   ~AsyncEngine();  // Shutdown()
 
   // Validates at once (bad input is an error here, not a callback) and queues the request.
@@ -64,6 +63,8 @@ class AsyncEngine {
   // The disk tier (null: none); its stats() and WaitForWrites may be called from any thread.
   KvTier* tier() { return engine_.tier(); }
   const KvTier* tier() const { return engine_.tier(); }
+  // The Redis tier (null: none); its stats() may be read from any thread.
+  const KvTier* redis_tier() const { return engine_.redis_tier(); }
 
   EngineLoad load() const;
   const EngineConfig& config() const { return engine_.config(); }

@@ -286,7 +286,10 @@ bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
   const RequestOptions& o = requests_.at(seq->request).options;
   TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
   event.cached_tokens = std::max(0, seq->cached_tokens);
-  event.disk_tokens = std::min(seq->disk_tokens, event.cached_tokens);
+  event.disk_tokens =
+      std::min(seq->tier_tokens[static_cast<int>(TierSlot::kDisk)], event.cached_tokens);
+  event.redis_tokens = std::min(seq->tier_tokens[static_cast<int>(TierSlot::kRedis)],
+                                event.cached_tokens - event.disk_tokens);
   if (o.logprobs >= 0) FillLogprobs(logits, runner_.n_vocab(), token, o.logprobs, &event);
   seq->tokens.push_back(token);
   FinishReason reason = FinishReason::kNone;
@@ -306,14 +309,26 @@ bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
 }
 
 void Engine::AttachTier(std::unique_ptr<KvTier> tier) {
-  tier_ = std::move(tier);
+  tiers_[static_cast<int>(tier->slot())] = std::move(tier);
   kv_.set_uncache_listener([this](BlockId id, const BlockHash& hash, bool reused) {
-    tier_->OnUncache(id, hash, reused);
+    for (auto& t : tiers_) {
+      if (t) t->OnUncache(id, hash, reused);
+    }
   });
 }
 
 int64_t Engine::FlushTier(bool wait) {
-  return tier_ ? tier_->Flush(kv_, wait) : 0;
+  int64_t offered = 0;
+  for (auto& t : tiers_) {
+    if (t) offered += t->Flush(kv_, wait);
+  }
+  return offered;
+}
+
+void Engine::TiersAfterCommit(Sequence& seq) {
+  for (auto& t : tiers_) {
+    if (t) t->AfterCommit(seq, kv_);
+  }
 }
 
 int32_t Engine::ResetPrefixCache() {
@@ -329,8 +344,9 @@ std::vector<BlockHash> Engine::PromptBlockHashes(const std::vector<int32_t>& tok
 }
 
 Status Engine::Step(EngineStepStats* stats) {
-  if (tier_) {
-    tier_->BeforePlan(kv_, scheduler_.waiting(), [this](SeqId id) -> Sequence* {
+  for (auto& t : tiers_) {
+    if (!t) continue;
+    t->BeforePlan(kv_, scheduler_.waiting(), [this](SeqId id) -> Sequence* {
       auto it = sequences_.find(id);
       return it == sequences_.end() ? nullptr : it->second.get();
     });
@@ -348,8 +364,13 @@ Status Engine::Step(EngineStepStats* stats) {
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};
   if (plan.empty()) {
-    // Nothing to compute but a load from disk: wait for it here rather than spin.
-    if (tier_ && tier_->loads_outstanding()) tier_->WaitForLoad(5);
+    // Nothing to compute but a load from a tier: wait for it here rather than spin.
+    for (auto& t : tiers_) {
+      if (t && t->loads_outstanding()) {
+        t->WaitForLoad(5);
+        break;
+      }
+    }
     return Status::Ok();
   }
   copies_.clear();
@@ -398,7 +419,7 @@ Status Engine::Step(EngineStepStats* stats) {
       kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key,
                          &seq->block_hashes);
       kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
-      if (tier_) tier_->AfterCommit(*seq, kv_);
+      TiersAfterCommit(*seq);
     }
     if (r.n_logits == 0) {
       EvictIfDue(seq, EvictionPoint::kPrefillChunk);

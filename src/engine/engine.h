@@ -46,6 +46,7 @@ struct EngineConfig {
   SpecConfig spec;                    // speculative decoding, when the engine has a drafter
   EvictionConfig eviction;            // token eviction (--kv-budget ...; requests' kv_budget)
   KvTierConfig kv_disk;               // the disk tier (--kv-disk DIR ...; no dir: none)
+  KvRedisConfig kv_redis;             // the Redis tier (--kv-redis URL ...; no URL: none)
 
   Status Validate() const;
 };
@@ -106,11 +107,15 @@ class Engine {
   void set_clock(std::function<double()> now_seconds) { clock_ = std::move(now_seconds); }
   const StepCostModel& step_cost() const { return step_cost_; }
 
-  // The disk tier under the prefix cache (kv_tier.h); null: none. Attach before the first step.
+  // A tier under the prefix cache (kv_tier.h), in its slot (disk, Redis). Attach before the
+  // first step.
   void AttachTier(std::unique_ptr<KvTier> tier);
-  KvTier* tier() { return tier_.get(); }
-  const KvTier* tier() const { return tier_.get(); }
-  // Writes every indexed block not yet on disk; when wait, waits for the writes (bounded: the
+  // The disk tier; null: none.
+  KvTier* tier() { return tiers_[0].get(); }
+  const KvTier* tier() const { return tiers_[0].get(); }
+  // The Redis tier; null: none.
+  const KvTier* redis_tier() const { return tiers_[1].get(); }
+  // Writes every indexed block a tier lacks; when wait, waits for the writes (bounded: each
   // tier's flush timeout). SIGTERM's last act. Returns the blocks offered.
   int64_t FlushTier(bool wait);
   // Drops the prefix cache's blocks nobody holds (vLLM's /reset_prefix_cache; under write-back
@@ -143,6 +148,8 @@ class Engine {
   // finished seq.
   bool EvictIfDue(Sequence* seq, EvictionPoint point);
   void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
+  // The sequence committed blocks: every tier offers them for writing.
+  void TiersAfterCommit(Sequence& seq);
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
 
@@ -168,7 +175,8 @@ class Engine {
   std::vector<std::vector<std::vector<TokenProb>>> draft_probs_;  // per run: per draft, its q
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
   Evictor evictor_;
-  std::unique_ptr<KvTier> tier_;  // after kv_: its listener is set on kv_
+  // By TierSlot, asked in that order; after kv_: their listener is set on kv_.
+  std::array<std::unique_ptr<KvTier>, kNumTiers> tiers_;
   int64_t evicted_tokens_ = 0, compactions_ = 0, blocks_freed_by_compaction_ = 0;
 };
 

@@ -127,11 +127,11 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   local.spec = std::move(*spec);
   auto policy = EvictionPolicyFor(config.eviction);
   if (!policy.ok()) return policy.status();
-  auto tier = Tier(config, *local.runner);
-  if (!tier.ok()) return tier.status();
+  auto tiers = Tiers(config, *local.runner);
+  if (!tiers.ok()) return tiers.status();
   local.engine =
       std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get(), std::move(*policy));
-  if (*tier) local.engine->AttachTier(std::move(*tier));
+  for (auto& tier : *tiers) local.engine->AttachTier(std::move(tier));
   return local;
 }
 
@@ -142,14 +142,33 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
   if (!spec.ok()) return spec.status();
   auto policy = EvictionPolicyFor(config.eviction);
   if (!policy.ok()) return policy.status();
-  auto tier = Tier(config, **runner);
-  if (!tier.ok()) return tier.status();
+  auto tiers = Tiers(config, **runner);
+  if (!tiers.ok()) return tiers.status();
   return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec),
-                                       std::move(*policy), std::move(*tier));
+                                       std::move(*policy), std::move(*tiers));
 }
 
-Expected<std::unique_ptr<KvTier>> EngineBuilder::Tier(const EngineConfig& config,
-                                                      ModelRunner& runner) {
+Expected<KvTiers> EngineBuilder::Tiers(const EngineConfig& config, ModelRunner& runner) {
+  KvTiers tiers;
+  auto disk = DiskTier(config, runner);
+  if (!disk.ok()) return disk.status();
+  if (*disk) tiers.push_back(std::move(*disk));
+  if (!config.kv_redis.url.empty()) {
+    if (!config.prefix_cache || config.reserve_full_context) {
+      return Status::Error(
+          "--kv-redis stores the prefix cache's blocks: it needs the prefix cache");
+    }
+    auto redis = KvTier::OpenRedis(
+        config.kv_redis, MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
+        runner.mutable_storage());
+    if (!redis.ok()) return redis.status();
+    tiers.push_back(std::move(*redis));
+  }
+  return tiers;
+}
+
+Expected<std::unique_ptr<KvTier>> EngineBuilder::DiskTier(const EngineConfig& config,
+                                                          ModelRunner& runner) {
   if (config.kv_disk.dir.empty()) return std::unique_ptr<KvTier>();
   if (!config.prefix_cache || config.reserve_full_context) {
     return Status::Error("--kv-disk stores the prefix cache's blocks: it needs the prefix cache");

@@ -51,8 +51,10 @@ class EngineBuilder {
   Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
 
  private:
-  // The disk tier of config.kv_disk over runner's KV (null when config names no directory).
-  Expected<std::unique_ptr<KvTier>> Tier(const EngineConfig& config, ModelRunner& runner);
+  // The tiers config names (disk, Redis) over runner's KV, in order; empty when it names none.
+  Expected<KvTiers> Tiers(const EngineConfig& config, ModelRunner& runner);
+  // The disk tier of config.kv_disk (null when config names no directory).
+  Expected<std::unique_ptr<KvTier>> DiskTier(const EngineConfig& config, ModelRunner& runner);
   // The drafter of the Speculative options over runner's KV (none: an empty runtime).
   Expected<SpecRuntime> MakeSpec(const EngineConfig& config, ModelRunner& runner);
 

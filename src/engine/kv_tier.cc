@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/check.h"
 #include "core/log.h"
+#include "core/text_file.h"
+#include "kv/redis_block_store.h"
 
 namespace kvs {
 
@@ -54,23 +57,80 @@ Expected<std::unique_ptr<KvTier>> KvTier::Open(const KvTierConfig& config,
                  c.dir.c_str());
   }
   (*store)->set_capacity(c.capacity_bytes);
-  return std::unique_ptr<KvTier>(new KvTier(c, identity, storage, std::move(*store)));
+  return std::unique_ptr<KvTier>(
+      new KvTier(TierSlot::kDisk, c, identity, storage, std::move(*store)));
 }
 
-KvTier::KvTier(const KvTierConfig& config, const BlockIdentity& identity, KvStorage& storage,
-               std::unique_ptr<DiskBlockStore> store)
-    : config_(config), identity_(identity), storage_(storage), store_(std::move(store)) {
+Expected<std::unique_ptr<KvTier>> KvTier::OpenRedis(const KvRedisConfig& config,
+                                                    const BlockIdentity& identity,
+                                                    KvStorage& storage) {
+  auto endpoint = ParseRedisUrl(config.url);
+  if (!endpoint.ok()) return endpoint.status();
+  if (!config.password_file.empty()) {
+    auto text = ReadTextFile(config.password_file, 4096);
+    if (!text.ok()) {
+      return Status::Error("--kv-redis-password-file " + config.password_file + ": " +
+                           text.error());
+    }
+    std::string password = text->substr(0, text->find_first_of("\r\n"));
+    if (password.empty()) {
+      return Status::Error("--kv-redis-password-file " + config.password_file +
+                           ": the first line is empty");
+    }
+    endpoint->password = std::move(password);
+  }
+  if (config.zstd_level < 1 || config.zstd_level > 19) {
+    return Status::Error(StrFormat("kv redis: zstd level %d: expected 1-19", config.zstd_level));
+  }
+  RedisStoreConfig rc;
+  rc.endpoint = *endpoint;
+  rc.key_namespace = config.key_namespace;
+  rc.ttl_seconds = config.ttl_seconds;
+  rc.timeout_ms = config.timeout_ms;
+  auto store = RedisBlockStore::Open(rc);
+  if (!store.ok()) return store.status();
+  KvTierConfig c;
+  c.policy = KvDiskPolicy::kWriteThrough;  // written behind as soon as full and hashed
+  c.codec = BlockCodec::kZstd;
+  c.zstd_level = config.zstd_level;
+  c.write_queue_bytes = config.write_queue_bytes;
+  return std::unique_ptr<KvTier>(
+      new KvTier(TierSlot::kRedis, c, identity, storage, std::move(*store)));
+}
+
+KvTier::KvTier(TierSlot slot, const KvTierConfig& config, const BlockIdentity& identity,
+               KvStorage& storage, std::unique_ptr<BlockStore> store)
+    : slot_(slot),
+      config_(config),
+      identity_(identity),
+      storage_(storage),
+      store_(std::move(store)) {
+  if (slot_ == TierSlot::kDisk) disk_ = static_cast<DiskBlockStore*>(store_.get());
+  if (slot_ == TierSlot::kRedis) redis_ = static_cast<RedisBlockStore*>(store_.get());
   const int64_t block_bytes = static_cast<int64_t>(storage_.geometry().BytesPerBlock());
   const int64_t queued = std::max<int64_t>(16, config_.write_queue_bytes / block_bytes);
+  // A disk that refuses writes is full or gone for good: the tier turns itself off. Redis comes
+  // back: its writes fail fast while it is down and resume when it answers.
   writer_ = std::make_unique<BlockWriter>(*store_,
-                                          static_cast<int32_t>(std::min<int64_t>(queued, 1 << 20)));
+                                          static_cast<int32_t>(std::min<int64_t>(queued, 1 << 20)),
+                                          redis_ ? 0 : BlockWriter::kFailuresToStop);
   loader_ = std::make_unique<BlockLoader>(*store_, identity_,
                                           [this](BlockId id, std::span<const uint8_t> payload) {
                                             // The block is held for this load: no step reads or
                                             // writes it meanwhile.
                                             return storage_.WriteBlock(id.value, payload);
                                           });
-  corrupt_ = store_->rejected_at_open();
+  if (disk_) corrupt_ = disk_->rejected_at_open();
+}
+
+DiskBlockStore& KvTier::store() {
+  KVS_CHECK(disk_ != nullptr);
+  return *disk_;
+}
+
+const DiskBlockStore& KvTier::store() const {
+  KVS_CHECK(disk_ != nullptr);
+  return *disk_;
 }
 
 KvTier::~KvTier() {
@@ -91,9 +151,12 @@ KvTierStats KvTier::stats() const {
   s.payload_bytes_written = w.payload_bytes;
   s.blocks_written = w.written;
   s.dropped = w.dropped;
+  s.write_errors = w.errors;
   s.failed = w.failed;
-  s.usage_bytes = static_cast<int64_t>(store_->usage_bytes());
-  s.blocks_stored = store_->num_blocks();
+  if (disk_) {
+    s.usage_bytes = static_cast<int64_t>(disk_->usage_bytes());
+    s.blocks_stored = disk_->num_blocks();
+  }
   return s;
 }
 
@@ -113,8 +176,9 @@ void KvTier::AfterCommit(Sequence& seq, const KvCacheManager& kv) {
   const BlockTable& table = kv.Table(seq.id);
   const int32_t bs = kv.block_size();
   const int32_t n = static_cast<int32_t>(table.hashes.size());
-  seq.tier_seen = std::min(seq.tier_seen, n);  // a rollback or compaction cut the list
-  for (int32_t i = seq.tier_seen; i < n; ++i) {
+  int32_t& seen = seq.tier_seen[static_cast<int>(slot_)];
+  seen = std::min(seen, n);  // a rollback or compaction cut the list
+  for (int32_t i = seen; i < n; ++i) {
     const BlockHash& hash = table.hashes[i];
     if (unsaved_.contains(hash) || NoWriteNeeded(hash)) continue;
     BlockMeta meta{
@@ -125,7 +189,7 @@ void KvTier::AfterCommit(Sequence& seq, const KvCacheManager& kv) {
     }
     unsaved_.emplace(hash, std::move(meta));  // written when it leaves RAM, or at Flush
   }
-  seq.tier_seen = n;
+  seen = n;
 }
 
 void KvTier::OnUncache(BlockId id, const BlockHash& hash, bool reused) {
@@ -152,27 +216,38 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     load_ns_ += static_cast<int64_t>(r.seconds * 1e9);
     if (r.corrupt) {
       KVS_LOG_WARN(
-          "kv disk: %d stored block(s) failed a check, recomputed (and removed, unless a "
+          "kv %.*s: %d stored block(s) failed a check, recomputed (and removed, unless a "
           "directory with contents holds the name: then never used): %s",
-          r.corrupt, r.error.c_str());
+          static_cast<int>(store_->name().size()), store_->name().data(), r.corrupt,
+          r.error.c_str());
     }
     if (Sequence* seq = find(load.seq)) {
       seq->kv_loading = false;
-      seq->disk_tokens += r.n_loaded * bs;
+      seq->tier_tokens[static_cast<int>(slot_)] += r.n_loaded * bs;
     }
     loads_.erase(it);
   }
+  const bool available = store_->Available();
   for (Sequence* seq : waiting) {
-    if (seq->kv_loading || seq->tier_probed) continue;
-    seq->tier_probed = true;
+    // A tier above this one loads it first (or it is loading from this one).
+    if (seq->kv_loading || (seq->tiers_probed & bit())) continue;
+    seq->tiers_probed |= bit();
     const int32_t n = seq->n_committed();
     if (n < 1) continue;
     // The blocks a match may use: whole ones, never the last token's (KvCacheManager::Match).
     const size_t usable = std::min(seq->block_hashes.size(), static_cast<size_t>((n - 1) / bs));
     const size_t in_ram = kv.Match(seq->block_hashes, n).blocks.size();
+    if (!available) {
+      misses_ += static_cast<int64_t>(usable - std::min(usable, in_ram));
+      continue;
+    }
     size_t on_disk = 0;
-    while (in_ram + on_disk < usable && store_->Contains(seq->block_hashes[in_ram + on_disk])) {
-      ++on_disk;
+    if (store_->KnowsContents()) {
+      while (in_ram + on_disk < usable && store_->Contains(seq->block_hashes[in_ram + on_disk])) {
+        ++on_disk;
+      }
+    } else {
+      on_disk = usable - in_ram;  // asked by the loader; what it does not find goes back
     }
     const int32_t room = kv.num_free_blocks() - kv.watermark_blocks();
     const size_t take = std::min<size_t>(on_disk, static_cast<size_t>(std::max(room, 0)));

@@ -1,7 +1,16 @@
-// The disk tier under the RAM prefix cache (issue #20), and the engine's seam for lower tiers
-// (vLLM's KV connector): full blocks the prefix cache indexes go to a BlockStore keyed by their
-// chain hash, and a prompt whose prefix chain continues past the RAM pool into the store has
-// those blocks loaded into fresh pool blocks instead of recomputed.
+// The tiers under the RAM prefix cache, the engine's seam for them (vLLM's KV connector): the
+// disk (issue #20) and a Redis server shared by replicas (issue #22), one KvTier each over its
+// BlockStore. Full blocks the prefix cache indexes go to the store keyed by their chain hash, and
+// a prompt whose prefix chain continues past the RAM pool into a store has those blocks loaded
+// into fresh pool blocks instead of recomputed. Tiers are asked in order (RAM, disk, Redis): a
+// tier probes a waiting sequence once the tiers above it have loaded what they hold.
+//
+// A store that knows its contents (the disk's index) is asked which blocks it holds before any
+// pool block is taken. A remote store (Redis) would cost the step a round trip to ask, so its
+// tier holds pool blocks for the whole rest of the prefix (as many as are free above the
+// watermark) and its loader asks for them in pipelined batches, keeping the leading run that
+// was found; the rest go back to the pool when the load ends. While the store is unreachable
+// nothing is held or asked.
 //
 // When blocks are written (--kv-disk-policy):
 //   write-through (default): as soon as a block is committed (full, computed, hashed). A crash
@@ -39,6 +48,7 @@
 namespace kvs {
 
 enum class KvDiskPolicy { kWriteThrough, kWriteBack };
+
 Expected<KvDiskPolicy> ParseKvDiskPolicy(const std::string& name);
 Expected<BlockCodec> ParseBlockCodec(const std::string& name);
 
@@ -54,6 +64,18 @@ struct KvTierConfig {
   int64_t flush_timeout_ms = 20000;                // Flush's bound (SIGTERM)
 };
 
+// The shared Redis tier (--kv-redis URL ...; no URL: none).
+struct KvRedisConfig {
+  std::string url;            // --kv-redis redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]
+  std::string password_file;  // --kv-redis-password-file (its first line; overrides the URL's)
+  int64_t ttl_seconds = 0;    // --kv-redis-ttl; 0: no expiry (Redis's maxmemory policy evicts)
+  int64_t timeout_ms = 500;   // --kv-redis-timeout-ms: connect and every command
+  std::string key_namespace = "kvserve";
+  int zstd_level = 1;  // values are zstd-compressed block files (fast level: the wire is loopback
+                       // or a LAN, where the CPU is the dearer resource)
+  int64_t write_queue_bytes = int64_t{256} << 20;
+};
+
 struct KvTierStats {
   int64_t hits = 0;           // blocks loaded from the store
   int64_t misses = 0;         // blocks past the RAM prefix that the store did not have either
@@ -62,13 +84,16 @@ struct KvTierStats {
   int64_t bytes_written = 0;  // file bytes written
   int64_t payload_bytes_written = 0;  // the KV bytes in them (ratio: the codec's)
   int64_t blocks_written = 0;
-  int64_t dropped = 0;  // blocks not written: the queue was full or the tier had failed
+  int64_t dropped = 0;       // blocks not written: the queue was full or the tier had failed
+  int64_t write_errors = 0;  // writes the store refused (Redis down: they fail fast)
   int64_t usage_bytes = 0;
   int64_t blocks_stored = 0;
   int64_t loaded_tokens = 0;
   double load_seconds = 0;  // the loader's busy time (bytes_read / load_seconds: its read rate)
   bool failed = false;      // the tier turned itself off (a full, read-only or vanished directory)
 };
+
+class RedisBlockStore;
 
 class KvTier {
  public:
@@ -77,11 +102,21 @@ class KvTier {
   static Expected<std::unique_ptr<KvTier>> Open(const KvTierConfig& config,
                                                 const BlockIdentity& identity, KvStorage& storage,
                                                 const std::function<void(int64_t)>& progress);
+  // The Redis tier: configuration errors (URL, password file, a password Redis refused) fail;
+  // Redis down at start does not (lookups miss until it answers).
+  static Expected<std::unique_ptr<KvTier>> OpenRedis(const KvRedisConfig& config,
+                                                     const BlockIdentity& identity,
+                                                     KvStorage& storage);
   ~KvTier();
 
+  TierSlot slot() const { return slot_; }
   const KvTierConfig& config() const { return config_; }
-  DiskBlockStore& store() { return *store_; }
-  const DiskBlockStore& store() const { return *store_; }
+  // The disk tier's store (only on the disk tier).
+  DiskBlockStore& store();
+  const DiskBlockStore& store() const;
+  // The Redis tier's store (null on the disk tier).
+  const RedisBlockStore* redis_store() const { return redis_; }
+  BlockStore& block_store() { return *store_; }
   KvTierStats stats() const;  // any thread
 
   // --- Engine hooks (the engine's thread).
@@ -116,18 +151,22 @@ class KvTier {
     std::vector<BlockId> blocks;
     std::vector<BlockHash> hashes;
   };
-  KvTier(const KvTierConfig& config, const BlockIdentity& identity, KvStorage& storage,
-         std::unique_ptr<DiskBlockStore> store);
+  KvTier(TierSlot slot, const KvTierConfig& config, const BlockIdentity& identity,
+         KvStorage& storage, std::unique_ptr<BlockStore> store);
+  int bit() const { return 1 << static_cast<int>(slot_); }
   // Copies the block's bytes and queues it for writing; false when it could not be queued.
   bool Offer(BlockId id, const BlockHash& hash, const BlockMeta& meta);
   bool NoWriteNeeded(const BlockHash& hash) const {  // stored, queued, or its name unusable
-    return store_->Contains(hash) || writer_->Pending(hash) || store_->Unusable(hash);
+    return store_->Contains(hash) || writer_->Pending(hash) || (disk_ && disk_->Unusable(hash));
   }
 
+  TierSlot slot_;
   KvTierConfig config_;
   BlockIdentity identity_;
   KvStorage& storage_;
-  std::unique_ptr<DiskBlockStore> store_;
+  std::unique_ptr<BlockStore> store_;
+  DiskBlockStore* disk_ = nullptr;    // store_, when it is the disk's
+  RedisBlockStore* redis_ = nullptr;  // store_, when it is Redis
   std::unique_ptr<BlockWriter> writer_;
   std::unique_ptr<BlockLoader> loader_;
   // Indexed blocks not stored yet, with what their file header needs (write-back keeps every
@@ -140,5 +179,7 @@ class KvTier {
   std::atomic<int64_t> load_ns_{0};
   bool reported_failure_ = false;
 };
+
+using KvTiers = std::vector<std::unique_ptr<KvTier>>;
 
 }  // namespace kvs

@@ -2,6 +2,7 @@
 // when its prompt is computed it forks into n that share the prompt's blocks.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,6 +55,7 @@ struct TokenEvent {
   std::vector<TokenLogprob> top_logprobs;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   int32_t disk_tokens = 0;    // of those, loaded from the disk tier for this request
+  int32_t redis_tokens = 0;   // of those, loaded from the Redis tier for this request
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -61,6 +63,10 @@ using TokenCallback = std::function<void(const TokenEvent&)>;
 // blocks, scheduled every step) -> kFinished. Preemption sends a running sequence back to
 // kWaiting with n_computed = 0; it keeps its tokens and recomputes them when readmitted.
 enum class SeqState { kWaiting, kRunning, kFinished };
+
+// The tiers under the RAM pool, in the order they are asked (engine/kv_tier.h).
+enum class TierSlot : int { kDisk = 0, kRedis = 1 };
+inline constexpr int kNumTiers = 2;
 
 // A sequence's tokens, front to back:
 //   [0, n_computed)                K/V in the cache
@@ -92,13 +98,14 @@ struct Sequence {
   // prefix caching is off.
   std::vector<BlockHash> block_hashes;
   int32_t cached_tokens = -1;  // prefix-cache hit at first admission (-1: not admitted yet)
-  // The disk tier (engine/kv_tier.h): a load of blocks past the RAM prefix is in flight (the
-  // scheduler does not admit the sequence until it ends); the tier looked for its blocks since
-  // it was last queued; table hashes it has considered for writing; tokens it loaded.
+  // The tiers under RAM (engine/kv_tier.h), indexed by TierSlot: a load of blocks past the RAM
+  // prefix is in flight (the scheduler does not admit the sequence until it ends); the tiers
+  // that looked for its blocks since it was last queued (bit per slot); table hashes each has
+  // considered for writing; tokens each loaded.
   bool kv_loading = false;
-  bool tier_probed = false;
-  int32_t tier_seen = 0;
-  int32_t disk_tokens = 0;
+  uint8_t tiers_probed = 0;
+  std::array<int32_t, kNumTiers> tier_seen{};
+  std::array<int32_t, kNumTiers> tier_tokens{};
   std::unique_ptr<Sampler> sampler;
   SpecState spec;  // speculative decoding's acceptance estimate (spec_policy.h)
   // Token eviction (engine/evictor.h). Once a sequence has evicted, its cached slots no longer

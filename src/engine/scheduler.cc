@@ -37,7 +37,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : kv_(kv
 void Scheduler::AddWaiting(Sequence* seq) {
   kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
   seq->state = SeqState::kWaiting;
-  seq->tier_probed = false;  // a lower tier may hold its blocks by now
+  seq->tiers_probed = 0;  // a lower tier may hold its blocks by now
   InsertOrdered(waiting_, seq);
 }
 

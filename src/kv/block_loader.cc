@@ -1,5 +1,6 @@
 #include "kv/block_loader.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace kvs {
@@ -46,23 +47,33 @@ int32_t BlockLoader::outstanding() const {
   return outstanding_;
 }
 
-bool BlockLoader::Check(const LoadJob& job, size_t i, std::vector<uint8_t>* payload, bool* missing,
-                        int64_t* bytes_read, std::string* why) {
+bool BlockLoader::Check(const LoadJob& job, size_t i, StoredBlock& stored,
+                        std::vector<uint8_t>* payload, bool* missing, int64_t* bytes_read,
+                        std::string* why) {
   const BlockHash& hash = job.hashes[i];
   const size_t block_size = job.tokens.size() / job.blocks.size();
   *missing = false;
-  auto bytes = store_.Get(hash);
-  if (!bytes.ok()) {
-    // Gone since the lookup (evicted by LRU, removed by hand, the directory vanished): a miss.
-    // Anything else unreadable under the block's name (a directory, a FIFO, a link) is corrupt.
-    *why = bytes.error();
-    *missing = why->find("not in the disk store") != std::string::npos ||
-               why->find("No such file") != std::string::npos;
-    store_.Erase(hash);
-    return false;
+  switch (stored.state) {
+    case StoredBlock::State::kFound:
+      break;
+    case StoredBlock::State::kAbsent:
+      *missing = true;
+      *why = std::string("not in the ") + std::string(store_.name()) + " store";
+      // A local index may still name a file that vanished: forget it.
+      if (store_.KnowsContents()) store_.Erase(hash);
+      return false;
+    case StoredBlock::State::kUnavailable:
+      // The store could not be asked: a miss, and nothing to erase.
+      *missing = true;
+      *why = stored.error;
+      return false;
+    case StoredBlock::State::kUnreadable:
+      *why = stored.error;
+      store_.Erase(hash);
+      return false;
   }
-  *bytes_read += static_cast<int64_t>(bytes->size());
-  auto block = DecodeBlockFile(*bytes, identity_, hash);
+  *bytes_read += static_cast<int64_t>(stored.bytes.size());
+  auto block = DecodeBlockFile(stored.bytes, identity_, hash);
   Status check = block.ok() ? Status::Ok() : block.status();
   if (check.ok()) {
     const BlockHash parent = i == 0 ? job.first_parent : job.hashes[i - 1];
@@ -89,9 +100,20 @@ LoadResult BlockLoader::Run(const LoadJob& job) {
   std::vector<uint8_t> payload;
   bool missing = false;
   std::string why;
+  // Blocks are asked for kBatch at a time (one round trip to a remote store), in chain order.
+  std::vector<StoredBlock> batch;
+  size_t batch_start = 0;
+  const auto fetch = [&](size_t i) -> StoredBlock& {
+    if (i >= batch_start + batch.size()) {
+      batch_start = i;
+      const size_t n = std::min(kBatch, job.hashes.size() - i);
+      batch = store_.GetMany(std::span<const BlockHash>(job.hashes.data() + i, n));
+    }
+    return batch[i - batch_start];
+  };
   size_t i = 0;
   for (; i < job.blocks.size(); ++i) {
-    if (!Check(job, i, &payload, &missing, &r.bytes_read, &why)) break;
+    if (!Check(job, i, fetch(i), &payload, &missing, &r.bytes_read, &why)) break;
     if (Status st = write_block_(job.blocks[i], payload); !st.ok()) {
       why = st.message();
       missing = false;
@@ -102,10 +124,14 @@ LoadResult BlockLoader::Run(const LoadJob& job) {
   if (i == job.blocks.size()) return r;
   r.error = why;
   (missing ? r.missing : r.corrupt) = 1;
-  // The rest is recomputed; bad files among it are found now, so that the recompute rewrites
-  // them (a good file stays and serves the next time).
+  // A remote store is not asked further than the first miss (the chain ends there). A local
+  // one is: bad files among the rest are found now, so that the recompute rewrites them (a
+  // good file stays and serves the next time).
+  if (!store_.KnowsContents()) return r;
   for (++i; i < job.blocks.size(); ++i) {
-    if (!Check(job, i, &payload, &missing, &r.bytes_read, &why) && !missing) ++r.corrupt;
+    if (!Check(job, i, fetch(i), &payload, &missing, &r.bytes_read, &why) && !missing) {
+      ++r.corrupt;
+    }
   }
   return r;
 }

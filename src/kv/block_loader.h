@@ -39,7 +39,8 @@ struct LoadResult {
   int32_t n_loaded = 0;    // blocks [0, n_loaded) hold their hashes' KV
   int64_t bytes_read = 0;  // file bytes read
   int32_t corrupt = 0;     // blocks that failed a check (the one that ended the job, and after)
-  int32_t missing = 0;     // 0 or 1: the block that ended the job was no longer stored
+  int32_t missing = 0;     // 0 or 1: the block that ended the job was not stored (or the store
+                           // could not be asked)
   std::string error;       // why the job ended early
   double seconds = 0;      // spent reading, checking and copying
 };
@@ -61,10 +62,11 @@ class BlockLoader {
 
  private:
   LoadResult Run(const LoadJob& job);
-  // Reads and checks block i of job; its payload in *payload. false: missing, or corrupt (then
-  // erased from the store), with *why.
-  bool Check(const LoadJob& job, size_t i, std::vector<uint8_t>* payload, bool* missing,
-             int64_t* bytes_read, std::string* why);
+  // Checks block i of job as read back (stored); its payload in *payload. false: missing (absent
+  // or the store unavailable), or corrupt (then erased from the store), with *why.
+  bool Check(const LoadJob& job, size_t i, StoredBlock& stored, std::vector<uint8_t>* payload,
+             bool* missing, int64_t* bytes_read, std::string* why);
+  static constexpr size_t kBatch = 16;  // blocks asked for at once
   void Loop();
 
   BlockStore& store_;

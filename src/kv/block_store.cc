@@ -154,6 +154,25 @@ Status DiskBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file)
   return Status::Ok();
 }
 
+std::vector<StoredBlock> BlockStore::GetMany(std::span<const BlockHash> hashes) {
+  std::vector<StoredBlock> out(hashes.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    auto bytes = Get(hashes[i]);
+    if (bytes.ok()) {
+      out[i].state = StoredBlock::State::kFound;
+      out[i].bytes = std::move(*bytes);
+    } else if (!Contains(hashes[i]) || bytes.error().find("No such file") != std::string::npos) {
+      // Gone since the lookup (evicted by LRU, removed by hand, the directory vanished).
+      out[i].state = StoredBlock::State::kAbsent;
+    } else {
+      // Anything else unreadable under the block's name (a directory, a FIFO, a link).
+      out[i].state = StoredBlock::State::kUnreadable;
+      out[i].error = bytes.error();
+    }
+  }
+  return out;
+}
+
 Expected<std::vector<uint8_t>> DiskBlockStore::Get(const BlockHash& hash) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -21,16 +21,39 @@
 
 namespace kvs {
 
+// One block read back from a store.
+struct StoredBlock {
+  enum class State {
+    kFound,        // bytes hold what is stored under the hash (still to be checked)
+    kAbsent,       // nothing is stored under it (never was, evicted, expired)
+    kUnreadable,   // something is, but not a block file's bytes (a directory, a wrong type)
+    kUnavailable,  // the store could not be asked (unreachable, timed out): a miss, not damage
+  };
+  State state = State::kAbsent;
+  std::vector<uint8_t> bytes;
+  std::string error;  // why, for kUnreadable and kUnavailable
+};
+
 class BlockStore {
  public:
   virtual ~BlockStore() = default;
   virtual std::string_view name() const = 0;
+  // Whether the block is stored. Exact for a store whose index is local (KnowsContents); for a
+  // remote store, only what this process knows (it wrote or read the block): a hint that saves
+  // a rewrite, never a reason to skip a lookup.
   virtual bool Contains(const BlockHash& hash) const = 0;
+  virtual bool KnowsContents() const { return true; }
+  // False while the store is known to be unreachable (a remote store between reconnect tries):
+  // callers skip lookups rather than hold pool blocks for them.
+  virtual bool Available() const { return true; }
   // Stores a block file's bytes under hash (replacing what was there).
   virtual Status Put(const BlockHash& hash, std::span<const uint8_t> file) = 0;
   // The stored bytes; an error when absent or unreadable.
   virtual Expected<std::vector<uint8_t>> Get(const BlockHash& hash) = 0;
   virtual void Erase(const BlockHash& hash) = 0;
+  // Several blocks at once (a remote store sends them as one pipelined batch). The default asks
+  // Get for each.
+  virtual std::vector<StoredBlock> GetMany(std::span<const BlockHash> hashes);
 };
 
 // 32 hex digits (hi then lo), the name of a block's file: "<hex>.kvb".

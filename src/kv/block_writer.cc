@@ -6,8 +6,10 @@
 
 namespace kvs {
 
-BlockWriter::BlockWriter(BlockStore& store, int32_t max_queued)
-    : store_(store), max_queued_(static_cast<size_t>(std::max(max_queued, 1))) {
+BlockWriter::BlockWriter(BlockStore& store, int32_t max_queued, int32_t failures_to_stop)
+    : store_(store),
+      max_queued_(static_cast<size_t>(std::max(max_queued, 1))),
+      failures_to_stop_(failures_to_stop) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -103,15 +105,20 @@ void BlockWriter::Loop() {
     } else {
       ++stats_.errors;
       if (failure_.empty()) failure_ = st.message();
-      if (++failures_in_a_row_ < kFailuresToStop) {
-        KVS_LOG_WARN("kv disk: a block was not written: %s", st.message().c_str());
+      if (failures_to_stop_ == 0) {
+        // A store that comes back (Redis): it reports its own state changes; no line per block.
+      } else if (++failures_in_a_row_ < failures_to_stop_) {
+        KVS_LOG_WARN("kv %.*s: a block was not written: %s", static_cast<int>(store_.name().size()),
+                     store_.name().data(), st.message().c_str());
       } else if (!stats_.failed) {
         // One line, once: the tier is off from here on; what is queued is dropped.
         stats_.failed = true;
         stats_.dropped += static_cast<int64_t>(queue_.size());
         queue_.clear();
         pending_.clear();
-        KVS_LOG_WARN("kv disk tier off: %s (serving continues without it)", failure_.c_str());
+        KVS_LOG_WARN("kv %.*s tier off: %s (serving continues without it)",
+                     static_cast<int>(store_.name().size()), store_.name().data(),
+                     failure_.c_str());
       }
     }
     if (queue_.empty()) idle_.notify_all();

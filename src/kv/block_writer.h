@@ -38,7 +38,9 @@ class BlockWriter {
  public:
   static constexpr int32_t kFailuresToStop = 4;
   // max_queued: blocks waiting at most (their bytes are held in memory until written).
-  BlockWriter(BlockStore& store, int32_t max_queued);
+  // failures_to_stop: refused writes in a row that turn the writer off (a disk); 0: never (a
+  // remote store that is down now and back later: its writes fail fast meanwhile, counted).
+  BlockWriter(BlockStore& store, int32_t max_queued, int32_t failures_to_stop = kFailuresToStop);
   // Finishes the write in progress, drops what is queued (Flush first to keep it: its bound is
   // the caller's to choose) and stops the thread.
   ~BlockWriter();
@@ -69,6 +71,7 @@ class BlockWriter {
 
   BlockStore& store_;
   const size_t max_queued_;
+  const int32_t failures_to_stop_;
   mutable std::mutex mu_;
   std::condition_variable work_, idle_;
   std::deque<Job> queue_;

@@ -34,6 +34,7 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
   const auto now = Clock::now();
   cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
   disk_tokens_ = std::max(disk_tokens_, e.disk_tokens);
+  redis_tokens_ = std::max(redis_tokens_, e.redis_tokens);
   if (e.token >= 0) {
     if (ttft_s_ < 0) {
       ttft_s_ = std::chrono::duration<double>(now - start_).count();
@@ -158,9 +159,12 @@ nlohmann::json CompletionCall::Usage() const {
   return {{"prompt_tokens", prompt_tokens_},
           {"completion_tokens", completion},
           {"total_tokens", prompt_tokens_ + completion},
-          // disk_tokens (an extension): of the cached ones, those loaded from --kv-disk.
+          // disk_tokens, redis_tokens (extensions): of the cached ones, those loaded from
+          // --kv-disk and --kv-redis.
           {"prompt_tokens_details",
-           {{"cached_tokens", cached_tokens_}, {"disk_tokens", disk_tokens_}}}};
+           {{"cached_tokens", cached_tokens_},
+            {"disk_tokens", disk_tokens_},
+            {"redis_tokens", redis_tokens_}}}};
 }
 
 std::string CompletionCall::ChunkJson(const Piece& p) {

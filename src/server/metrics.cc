@@ -137,6 +137,34 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
     gauge("kv_disk_capacity_bytes", "gauge", "Bytes the disk tier may hold (--kv-disk-size).",
           static_cast<double>(s.kv_disk_capacity_bytes));
   }
+  // Redis tier (--kv-redis). Errors are failed or timed-out commands and connections (each
+  // outage also logs one line when it starts and one when Redis answers again); while Redis is
+  // down lookups count as misses and writes as dropped, and every request is computed.
+  if (s.kv_redis) {
+    gauge("kv_redis_up", "gauge", "1 while the last attempt to reach Redis succeeded.",
+          s.kv_redis_up ? 1.0 : 0.0);
+    gauge("kv_redis_errors_total", "counter",
+          "Redis commands or connections that failed or timed out.",
+          static_cast<double>(s.kv_redis_errors));
+    gauge("kv_redis_hits_total", "counter", "KV blocks loaded from Redis.",
+          static_cast<double>(s.kv_redis_hits));
+    gauge("kv_redis_misses_total", "counter",
+          "KV blocks past the RAM (and disk) prefix that Redis did not hold, or could not be "
+          "asked for.",
+          static_cast<double>(s.kv_redis_misses));
+    gauge("kv_redis_corrupt_total", "counter",
+          "Values under a block's key that failed a check (never loaded; deleted, recomputed).",
+          static_cast<double>(s.kv_redis_corrupt));
+    gauge("kv_redis_bytes_read_total", "counter", "Bytes of block values read from Redis.",
+          static_cast<double>(s.kv_redis_bytes_read));
+    gauge("kv_redis_bytes_written_total", "counter", "Bytes of block values written to Redis.",
+          static_cast<double>(s.kv_redis_bytes_written));
+    gauge("kv_redis_blocks_written_total", "counter", "KV blocks written to Redis.",
+          static_cast<double>(s.kv_redis_blocks_written));
+    gauge("kv_redis_dropped_total", "counter",
+          "KV blocks not written to Redis: the write queue was full, or Redis was down.",
+          static_cast<double>(s.kv_redis_dropped));
+  }
   gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
   gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
   // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding
