@@ -174,6 +174,45 @@ TEST_F(ServerTest, PrefixCacheReportsCachedTokensAndRespectsSalt) {
   EXPECT_EQ(Metric("prefix_cache_hits_total"), 32);
 }
 
+TEST_F(ServerTest, KvLookupCountsTheLeadingBlocksHeldPerSalt) {
+  Start();
+  std::vector<int32_t> prompt = {1};
+  for (int32_t i = 1; i < 40; ++i) prompt.push_back(10 + i * 7 % 400);
+  auto [s0, before] = Call("/v1/kv/lookup", {{"tokens", prompt}});
+  ASSERT_EQ(s0, 200) << before.dump();
+  EXPECT_EQ(before["object"], "kv.lookup");
+  EXPECT_EQ(before["prompt_tokens"], 40);
+  EXPECT_EQ(before["block_size"], 16);
+  EXPECT_EQ(before["ram_tokens"], 0);
+  EXPECT_EQ(before["block_hashes"].size(), 2u);  // the full blocks
+  EXPECT_EQ(before["block_hashes"][0].get<std::string>().size(), 32u);
+  auto [s1, done] = Call("/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}});
+  ASSERT_EQ(s1, 200) << done.dump();
+  auto [s2, after] = Call("/v1/kv/lookup", {{"tokens", prompt}});
+  EXPECT_EQ(after["ram_tokens"], 32);
+  EXPECT_EQ(after["cached_tokens"], 32);
+  EXPECT_EQ(after["disk_tokens"], 0);
+  EXPECT_EQ(after["block_hashes"], before["block_hashes"]);
+  // The same by GET, and a salt that never shared them.
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  auto get = client_->Get(("/v1/kv/lookup?tokens=" + ids).c_str());
+  ASSERT_TRUE(get);
+  EXPECT_EQ(json::parse(get->body)["ram_tokens"], 32);
+  auto salted = client_->Get(("/v1/kv/lookup?cache_salt=b&tokens=" + ids).c_str());
+  ASSERT_TRUE(salted);
+  EXPECT_EQ(json::parse(salted->body)["ram_tokens"], 0);
+  EXPECT_NE(json::parse(salted->body)["block_hashes"], before["block_hashes"]);
+  // A prompt by text, and the errors.
+  auto text = client_->Get("/v1/kv/lookup?prompt=Once+upon+a+time");
+  ASSERT_TRUE(text);
+  EXPECT_EQ(text->status, 200);
+  EXPECT_EQ(client_->Get("/v1/kv/lookup")->status, 400);
+  EXPECT_EQ(client_->Get("/v1/kv/lookup?tokens=1,x")->status, 400);
+  EXPECT_EQ(client_->Get("/v1/kv/lookup?tokens=1,99999")->status, 400);
+  EXPECT_EQ(client_->Delete("/v1/kv/lookup")->status, 405);
+}
+
 TEST_F(ServerTest, StopStringsNAndLogprobs) {
   Start();
   auto [status, body] = Call("/v1/completions", {{"prompt", "Once upon a time"},

@@ -214,6 +214,16 @@ struct EngineStats {
   int64_t kv_redis_dropped = 0;  // blocks not written (queue full, or Redis down)
 };
 
+// What GET /v1/kv/lookup answers: the prompt's full blocks, and how many leading ones are held.
+struct KvPrefixLookup {
+  int32_t prompt_tokens = 0;
+  int32_t block_size = 0;
+  int32_t ram_tokens = 0;   // leading tokens whose blocks are in the RAM prefix cache
+  int32_t disk_tokens = 0;  // the tokens after those whose blocks are on the disk tier
+  // [full blocks] their chain hashes, 32 hex digits each (the hashes KV events publish)
+  std::vector<std::string> block_hashes;
+};
+
 // A named prompt prefix kept on the disk tier (POST /v1/kv/documents, `kvserve kv save`).
 struct KvDocumentInfo {
   std::string name;
@@ -247,6 +257,12 @@ class Engine {
   // Drops the prefix cache's unused blocks from RAM (vLLM's /reset_prefix_cache; under
   // write-back they are written to the disk tier first). Returns how many were dropped.
   int32_t ResetPrefixCache();
+  // How many leading tokens of a prompt (salted like a request) this replica holds now: whole
+  // blocks, in RAM and, continuing the chain, on its disk tier (GET /v1/kv/lookup). Redis is
+  // not asked (a router reads the shared tier's keys itself). False with *error when shutting
+  // down.
+  bool LookupKvPrefix(const std::vector<int32_t>& tokens, const std::string& cache_salt,
+                      KvPrefixLookup* out, std::string* error) const;
   // KV documents (need --kv-disk). Save prefills tokens (salted like a request), waits until
   // its full blocks are on disk and pins them; progress(blocks on disk, blocks) is called as
   // they arrive. False with *error on a bad name, a name being saved, a tier that failed.

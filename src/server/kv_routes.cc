@@ -1,5 +1,9 @@
 // The KV routes of the server: KV documents (POST/GET /v1/kv/documents, GET/DELETE
-// /v1/kv/documents/{name}) over the disk tier, and POST /reset_prefix_cache (vLLM's).
+// /v1/kv/documents/{name}) over the disk tier, POST /reset_prefix_cache (vLLM's), and
+// GET/POST /v1/kv/lookup (how much of a prompt this replica holds, for simple routers).
+#include <climits>
+#include <cstdlib>
+
 #include "core/log.h"
 #include "server/openai_api.h"
 #include "server/openai_server.h"
@@ -56,6 +60,15 @@ ApiError DocumentError(const std::string& error) {
   return ApiError{400, "invalid_request_error", error, "name", {}};
 }
 
+// A query string's value with its %XX escapes and '+' (a space) decoded.
+std::string DecodeQueryValue(const std::string& s) {
+  std::string plus = s;
+  for (char& c : plus) {
+    if (c == '+') c = ' ';
+  }
+  return DecodePathSegment(plus);
+}
+
 }  // namespace
 
 bool IsKvDocumentPath(const std::string& path) {
@@ -66,6 +79,92 @@ void Server::ResetPrefixCache(http::Response& res) {
   const int32_t dropped = engine_->ResetPrefixCache();
   res.content_type = "application/json";
   res.body = Dump(nlohmann::json{{"object", "prefix_cache.reset"}, {"blocks_dropped", dropped}});
+}
+
+// GET /v1/kv/lookup?prompt=TEXT (or tokens=1,2,3; and cache_salt=S), or POST with a JSON body
+// {"prompt" | "tokens" | "messages", "cache_salt"?}: the prompt's full blocks and how many
+// leading tokens of it are held in RAM and on disk.
+void Server::KvLookup(const http::Request& req, http::Response& res) {
+  res.content_type = "application/json";
+  nlohmann::json body = nlohmann::json::object();
+  if (req.method == "POST") {
+    if (auto err = ParseJsonBody(req.body, &body)) return SendError(res, *err);
+    if (!body.is_object()) return SendError(res, BadRequest("the body must be a JSON object"));
+  } else {
+    size_t start = 0;
+    while (start < req.query.size()) {
+      size_t end = req.query.find('&', start);
+      if (end == std::string::npos) end = req.query.size();
+      const std::string pair = req.query.substr(start, end - start);
+      start = end + 1;
+      const size_t eq = pair.find('=');
+      const std::string name = DecodeQueryValue(pair.substr(0, eq));
+      const std::string value =
+          eq == std::string::npos ? "" : DecodeQueryValue(pair.substr(eq + 1));
+      if (name == "prompt" || name == "cache_salt") {
+        body[name] = value;
+      } else if (name == "tokens") {
+        nlohmann::json ids = nlohmann::json::array();
+        size_t p = 0;
+        while (p < value.size()) {
+          size_t q = value.find(',', p);
+          if (q == std::string::npos) q = value.size();
+          const std::string id = value.substr(p, q - p);
+          char* parse_end = nullptr;
+          const long long v = std::strtoll(id.c_str(), &parse_end, 10);
+          if (id.empty() || *parse_end != '\0' || v < 0 || v > INT32_MAX) {
+            return SendError(
+                res, BadRequest("'tokens' must be comma-separated token ids, got '" + id + "'",
+                                "tokens"));
+          }
+          ids.push_back(v);
+          p = q + 1;
+        }
+        body["tokens"] = ids;
+      } else if (!name.empty()) {
+        return SendError(res, BadRequest("unknown parameter '" + name +
+                                             "': give prompt or tokens, and cache_salt",
+                                         name));
+      }
+    }
+  }
+  const int given =
+      int(body.contains("prompt")) + int(body.contains("tokens")) + int(body.contains("messages"));
+  if (given != 1) {
+    return SendError(res,
+                     BadRequest("give exactly one of 'prompt', 'tokens' or 'messages'", "prompt"));
+  }
+  nlohmann::json request = nlohmann::json::object();
+  const bool chat = body.contains("messages");
+  if (chat) request["messages"] = body["messages"];
+  if (body.contains("prompt")) request["prompt"] = body["prompt"];
+  if (body.contains("tokens")) {
+    if (!body["tokens"].is_array()) {
+      return SendError(res, BadRequest("'tokens' must be an array of token ids", "tokens"));
+    }
+    request["prompt"] = body["tokens"];
+  }
+  if (body.contains("cache_salt")) request["cache_salt"] = body["cache_salt"];
+  CompletionRequest parsed;
+  if (auto err = ParseCompletionRequest(request, chat, &parsed)) {
+    if (body.contains("tokens") && err->param == "prompt") err->param = "tokens";
+    return SendError(res, *err);
+  }
+  std::vector<int32_t> tokens;
+  const std::string param = body.contains("tokens") ? "tokens" : (chat ? "messages" : "prompt");
+  if (auto err = PromptTokens(parsed, chat, param, &tokens)) return SendError(res, *err);
+  kvserve::KvPrefixLookup found;
+  std::string error;
+  if (!engine_->LookupKvPrefix(tokens, parsed.gen.cache_salt, &found, &error)) {
+    return SendError(res, ApiError{503, "server_error", error, {}, {}});
+  }
+  res.body = Dump(nlohmann::json{{"object", "kv.lookup"},
+                                 {"prompt_tokens", found.prompt_tokens},
+                                 {"block_size", found.block_size},
+                                 {"ram_tokens", found.ram_tokens},
+                                 {"disk_tokens", found.disk_tokens},
+                                 {"cached_tokens", found.ram_tokens + found.disk_tokens},
+                                 {"block_hashes", found.block_hashes}});
 }
 
 void Server::KvDocuments(const http::Request& req, http::Response& res) {

@@ -91,9 +91,9 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
   for (const Route& r : kRoutes) {
     if (req.path == r.path) route = &r;
   }
-  if (IsKvDocumentPath(req.path)) {
-    // GET and POST on the collection, GET and DELETE on a document.
-    const bool collection = req.path == kKvDocumentsPath;
+  if (IsKvDocumentPath(req.path) || req.path == kKvLookupPath) {
+    // GET and POST on the collection and the lookup, GET and DELETE on a document.
+    const bool collection = req.path == kKvDocumentsPath || req.path == kKvLookupPath;
     const char* allowed = collection ? "GET, POST" : "GET, DELETE";
     const bool ok = req.method == "GET" || req.method == "HEAD" ||
                     req.method == (collection ? "POST" : "DELETE");
@@ -155,6 +155,7 @@ void Server::Handle(http::Request& req, http::Response& res) {
   }
   if (req.path == "/v1/models") return Models(res);
   if (IsKvDocumentPath(req.path)) return KvDocuments(req, res);
+  if (req.path == kKvLookupPath) return KvLookup(req, res);
   if (req.path == "/reset_prefix_cache") return ResetPrefixCache(res);
   Completion(req, res, /*chat=*/req.path == "/v1/chat/completions");
 }

@@ -22,6 +22,7 @@
 namespace kvs::server {
 
 inline constexpr const char* kKvDocumentsPath = "/v1/kv/documents";
+inline constexpr const char* kKvLookupPath = "/v1/kv/lookup";
 // /v1/kv/documents and /v1/kv/documents/{name}.
 bool IsKvDocumentPath(const std::string& path);
 // Answers with `e` in the OpenAI error format (and no stream).
@@ -82,6 +83,7 @@ class Server {
   // kv_routes.cc
   void KvDocuments(const http::Request& req, http::Response& res);
   void ResetPrefixCache(http::Response& res);
+  void KvLookup(const http::Request& req, http::Response& res);
   bool Authorized(const http::Request& req) const;
 
   ServerOptions options_;
