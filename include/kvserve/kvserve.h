@@ -123,6 +123,12 @@ struct EngineOptions {
   int64_t kv_redis_ttl = 0;            // seconds; 0: keys do not expire (maxmemory evicts)
   int64_t kv_redis_timeout_ms = 500;   // connect and every command
   std::string kv_redis_namespace = "kvserve";  // key prefix
+
+  // KV events for KV-aware routers (--kv-events ENDPOINT): every block the RAM prefix cache
+  // stores or removes, published as vLLM's msgpack batches on a ZeroMQ PUB socket. "": off.
+  std::string kv_events;
+  std::string kv_events_replay;  // a ROUTER socket replaying recent batches by sequence number
+  std::string kv_events_topic;   // the first frame of every message (llm-d: kv@POD@MODEL)
 };
 
 struct GenerationOptions {

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
 #include "kv/kv_documents.h"
+#include "kv/zmq_event_publisher.h"
 #include "kvserve/kvserve.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -29,6 +30,8 @@ struct Engine::Impl {
   std::unique_ptr<kvs::ThreadPool> pool;
   kvs::KvFormatPtr kv_format;
   std::vector<int32_t> end_of_generation;  // the model's end-of-generation tokens, found once
+  // Before the engine: it publishes into this until it is gone (with --kv-events).
+  std::unique_ptr<kvs::ZmqKvEventPublisher> events;
   std::unique_ptr<kvs::AsyncEngine> engine;
   std::unique_ptr<kvs::KvDocuments> documents;  // with --kv-disk
   std::mutex saving_mu;

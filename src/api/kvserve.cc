@@ -305,6 +305,27 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
       return nullptr;
     }
     impl->kv_format = *format;
+    if (!o.kv_events.empty()) {
+      if (!o.prefix_cache || o.reserve_full_context) {
+        *error =
+            "--kv-events reports the prefix cache's blocks: it cannot go with --no-prefix-cache";
+        return nullptr;
+      }
+      kvs::ZmqKvEventPublisherConfig pc;
+      pc.endpoint = o.kv_events;
+      pc.replay_endpoint = o.kv_events_replay;
+      pc.topic = o.kv_events_topic;
+      auto publisher = kvs::ZmqKvEventPublisher::Open(pc);
+      if (!publisher.ok()) {
+        *error = publisher.error();
+        return nullptr;
+      }
+      impl->events = std::move(*publisher);
+      ec.kv_event_sink = impl->events.get();
+    } else if (!o.kv_events_replay.empty() || !o.kv_events_topic.empty()) {
+      *error = "--kv-events-replay and --kv-events-topic are only used with --kv-events ENDPOINT";
+      return nullptr;
+    }
     auto engine = builder.Async(ec);
     if (!engine.ok()) {
       *error = engine.error();

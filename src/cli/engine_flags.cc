@@ -72,6 +72,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
   AddEvictionFlags(cmd, f);
   AddKvDiskFlags(cmd, f);
   AddKvRedisFlags(cmd, f);
+  AddKvEventFlags(cmd, f);
   cmd->add_option("-t,--threads", o.threads, kThreadsHelp)
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -197,6 +198,20 @@ void AddKvRedisFlags(CLI::App* cmd, EngineFlags* f) {
                   "Shared tier: prefix of the keys (blocks of other models never collide: keys "
                   "carry the weights' digest through the block hash)")
       ->capture_default_str();
+}
+
+void AddKvEventFlags(CLI::App* cmd, EngineFlags* f) {
+  kvserve::EngineOptions& o = f->options;
+  cmd->add_option("--kv-events", o.kv_events,
+                  "KV events for KV-aware routers (llm-d, Dynamo): publish every block the prefix "
+                  "cache stores or removes as vLLM's msgpack batches on a ZeroMQ PUB socket at "
+                  "ENDPOINT (tcp://*:5557, tcp://127.0.0.1:5557: bound; an address not of this "
+                  "host: connected to)");
+  cmd->add_option("--kv-events-replay", o.kv_events_replay,
+                  "KV events: a ROUTER socket at ENDPOINT that replays recent batches from a "
+                  "sequence number (vLLM's replay_endpoint, e.g. tcp://*:5558)");
+  cmd->add_option("--kv-events-topic", o.kv_events_topic,
+                  "KV events: the topic frame of every message (llm-d reads kv@POD@MODEL)");
 }
 
 CLI::Validator RealRange(double lo, double hi, bool lo_open) {

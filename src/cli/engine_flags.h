@@ -40,6 +40,9 @@ void AddKvDiskFlags(CLI::App* cmd, EngineFlags* flags);
 // --kv-redis-namespace (the shared tier).
 void AddKvRedisFlags(CLI::App* cmd, EngineFlags* flags);
 
+// --kv-events, --kv-events-replay, --kv-events-topic (KV events for routers).
+void AddKvEventFlags(CLI::App* cmd, EngineFlags* flags);
+
 // --check-tensors, for every command that loads a model to run it.
 void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options);
 

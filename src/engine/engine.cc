@@ -73,6 +73,17 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter,
       evictor_(config.eviction, PolicyOrDefault(config.eviction, std::move(eviction_policy))) {
   KVS_CHECK(config.Validate().ok());
   kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
+  kv_.set_uncache_listener([this](BlockId id, const BlockHash& hash, bool reused) {
+    for (auto& t : tiers_) {
+      if (t) t->OnUncache(id, hash, reused);
+    }
+    if (events_) events_->Removed(hash);
+  });
+  kv_.set_index_listener([this](BlockId, const BlockHash& hash, const BlockHash& parent,
+                                std::span<const int32_t> tokens) {
+    if (events_) events_->Stored(hash, parent, tokens);
+  });
+  if (config.kv_event_sink) AttachEventSink(config.kv_event_sink);
 }
 
 Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const RequestOptions& o) const {
@@ -310,11 +321,13 @@ bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
 
 void Engine::AttachTier(std::unique_ptr<KvTier> tier) {
   tiers_[static_cast<int>(tier->slot())] = std::move(tier);
-  kv_.set_uncache_listener([this](BlockId id, const BlockHash& hash, bool reused) {
-    for (auto& t : tiers_) {
-      if (t) t->OnUncache(id, hash, reused);
-    }
-  });
+}
+
+void Engine::AttachEventSink(KvEventSink* sink) {
+  events_ = std::make_unique<KvEventLog>(sink, kv_.block_size());
+  // A router may know this replica from before a restart: whatever it indexed is gone.
+  events_->AllCleared();
+  events_->Flush();
 }
 
 int64_t Engine::FlushTier(bool wait) {
@@ -333,7 +346,9 @@ void Engine::TiersAfterCommit(Sequence& seq) {
 
 int32_t Engine::ResetPrefixCache() {
   FlushTier(/*wait=*/false);  // write-back: what leaves RAM goes to disk first
-  return kv_.DropFreeCachedBlocks();
+  const int32_t dropped = kv_.DropFreeCachedBlocks();
+  if (events_) events_->Flush();
+  return dropped;
 }
 
 std::vector<BlockHash> Engine::PromptBlockHashes(const std::vector<int32_t>& tokens,
@@ -344,6 +359,14 @@ std::vector<BlockHash> Engine::PromptBlockHashes(const std::vector<int32_t>& tok
 }
 
 Status Engine::Step(EngineStepStats* stats) {
+  // The step's changes of the prefix index (and those of tasks run between steps) go out as one
+  // batch when it returns, whichever way it returns.
+  struct FlushEvents {
+    KvEventLog* log;
+    ~FlushEvents() {
+      if (log) log->Flush();
+    }
+  } flush_events{events_.get()};
   for (auto& t : tiers_) {
     if (!t) continue;
     t->BeforePlan(kv_, scheduler_.waiting(), [this](SeqId id) -> Sequence* {
@@ -418,7 +441,7 @@ Status Engine::Step(EngineStepStats* stats) {
     if (seq->n_evicted == 0) {
       kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key,
                          &seq->block_hashes);
-      kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
+      kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed, seq->tokens);
       TiersAfterCommit(*seq);
     }
     if (r.n_logits == 0) {

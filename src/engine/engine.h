@@ -14,6 +14,7 @@
 
 #include "core/status.h"
 #include "engine/evictor.h"
+#include "engine/kv_event_log.h"
 #include "engine/kv_tier.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -40,13 +41,14 @@ struct EngineConfig {
   int32_t block_size = 16;         // --block-size
   int32_t n_blocks = 0;            // pool size, null block included (from --kv-memory)
   int32_t watermark_blocks = -1;   // -1: 1% of the pool
-  bool reserve_full_context = false;  // the contiguous baseline: admission reserves n_ctx
-  bool verify_each_step = false;      // KvCacheManager::VerifyIntegrity after every step
-  bool prefix_cache = true;           // share cached full blocks of repeated prefixes
-  SpecConfig spec;                    // speculative decoding, when the engine has a drafter
-  EvictionConfig eviction;            // token eviction (--kv-budget ...; requests' kv_budget)
-  KvTierConfig kv_disk;               // the disk tier (--kv-disk DIR ...; no dir: none)
-  KvRedisConfig kv_redis;             // the Redis tier (--kv-redis URL ...; no URL: none)
+  bool reserve_full_context = false;     // the contiguous baseline: admission reserves n_ctx
+  bool verify_each_step = false;         // KvCacheManager::VerifyIntegrity after every step
+  bool prefix_cache = true;              // share cached full blocks of repeated prefixes
+  SpecConfig spec;                       // speculative decoding, when the engine has a drafter
+  EvictionConfig eviction;               // token eviction (--kv-budget ...; requests' kv_budget)
+  KvTierConfig kv_disk;                  // the disk tier (--kv-disk DIR ...; no dir: none)
+  KvRedisConfig kv_redis;                // the Redis tier (--kv-redis URL ...; no URL: none)
+  KvEventSink* kv_event_sink = nullptr;  // KV events (--kv-events); not owned, outlives the engine
 
   Status Validate() const;
 };
@@ -110,6 +112,9 @@ class Engine {
   // A tier under the prefix cache (kv_tier.h), in its slot (disk, Redis). Attach before the
   // first step.
   void AttachTier(std::unique_ptr<KvTier> tier);
+  // Publishes every change of the prefix index to sink (KV events; null: none), starting with
+  // AllBlocksCleared. The sink outlives the engine. Attach before the first step.
+  void AttachEventSink(KvEventSink* sink);
   // The disk tier; null: none.
   KvTier* tier() { return tiers_[0].get(); }
   const KvTier* tier() const { return tiers_[0].get(); }
@@ -177,6 +182,7 @@ class Engine {
   Evictor evictor_;
   // By TierSlot, asked in that order; after kv_: their listener is set on kv_.
   std::array<std::unique_ptr<KvTier>, kNumTiers> tiers_;
+  std::unique_ptr<KvEventLog> events_;  // null: no KV events
   int64_t evicted_tokens_ = 0, compactions_ = 0, blocks_freed_by_compaction_ = 0;
 };
 

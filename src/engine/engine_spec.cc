@@ -146,7 +146,7 @@ void Engine::VerifyAndEmit(Sequence* seq, size_t run, const float* logits) {
   seq->n_computed = base + v.n_accepted;
   KVS_CHECK(kv_.Truncate(seq->id, seq->n_computed).ok());
   kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
-  kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed);
+  kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed, seq->tokens);
   TiersAfterCommit(*seq);
   // Emit appends the accepted drafts again one at a time, each with its own logits row, and
   // stops at the first that ends the request (stop token, max_tokens, context).

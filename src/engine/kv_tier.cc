@@ -207,7 +207,7 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     auto it = loads_.find(r.ticket);
     if (it == loads_.end()) continue;
     Load& load = it->second;
-    kv.ReleaseHeld(load.blocks, load.hashes, r.n_loaded);
+    kv.ReleaseHeld(load.blocks, load.hashes, r.n_loaded, load.first_parent, load.tokens);
     hits_ += r.n_loaded;
     misses_ += static_cast<int64_t>(load.blocks.size()) - r.n_loaded;
     corrupt_ += r.corrupt;
@@ -261,7 +261,7 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     job.first_parent = in_ram == 0 ? BlockHash{} : seq->block_hashes[in_ram - 1];
     job.tokens.assign(seq->tokens.begin() + in_ram * bs,
                       seq->tokens.begin() + (in_ram + take) * bs);
-    loads_.emplace(job.ticket, Load{seq->id, job.blocks, job.hashes});
+    loads_.emplace(job.ticket, Load{seq->id, job.blocks, job.hashes, job.first_parent, job.tokens});
     seq->kv_loading = true;
     loader_->Submit(std::move(job));
   }

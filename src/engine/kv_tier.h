@@ -150,6 +150,8 @@ class KvTier {
     SeqId seq;
     std::vector<BlockId> blocks;
     std::vector<BlockHash> hashes;
+    BlockHash first_parent;
+    std::vector<int32_t> tokens;  // [blocks][block_size]
   };
   KvTier(TierSlot slot, const KvTierConfig& config, const BlockIdentity& identity,
          KvStorage& storage, std::unique_ptr<BlockStore> store);

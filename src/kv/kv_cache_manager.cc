@@ -120,7 +120,9 @@ bool KvCacheManager::HoldBlocks(int32_t n, std::vector<BlockId>* out) {
 }
 
 void KvCacheManager::ReleaseHeld(std::span<const BlockId> blocks, std::span<const BlockHash> hashes,
-                                 int32_t n_loaded) {
+                                 int32_t n_loaded, const BlockHash& first_parent,
+                                 std::span<const int32_t> tokens) {
+  const size_t bs = static_cast<size_t>(block_size_);
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockId id = blocks[i];
     KVS_CHECK(held_[id.value] == 1);
@@ -130,6 +132,9 @@ void KvCacheManager::ReleaseHeld(std::span<const BlockId> blocks, std::span<cons
       cached_.emplace(hashes[i], id);
       block_hash_[id.value] = hashes[i];
       block_cached_[id.value] = true;
+      Indexed(
+          id, hashes[i], i == 0 ? first_parent : hashes[i - 1],
+          tokens.size() >= (i + 1) * bs ? tokens.subspan(i * bs, bs) : std::span<const int32_t>());
     }
   }
   std::vector<BlockId> reversed(blocks.rbegin(), blocks.rend());
@@ -179,7 +184,8 @@ void KvCacheManager::AdoptPrefix(SeqId seq, const PrefixMatch& match) {
 }
 
 void KvCacheManager::CommitFullBlocks(SeqId seq, std::span<const BlockHash> hashes,
-                                      int32_t n_computed) {
+                                      int32_t n_computed, std::span<const int32_t> tokens) {
+  const size_t bs = static_cast<size_t>(block_size_);
   if (!prefix_caching_) return;
   auto it = tables_.find(seq);
   if (it == tables_.end()) return;
@@ -197,6 +203,9 @@ void KvCacheManager::CommitFullBlocks(SeqId seq, std::span<const BlockHash> hash
       cached_.emplace(h, id);
       block_hash_[id.value] = h;
       block_cached_[id.value] = true;
+      Indexed(
+          id, h, i == 0 ? BlockHash{} : hashes[i - 1],
+          tokens.size() >= (i + 1) * bs ? tokens.subspan(i * bs, bs) : std::span<const int32_t>());
     }
   }
 }

@@ -145,7 +145,10 @@ class KvCacheManager {
   // Registers the sequence's newly full blocks of computed positions [0, n_computed) whose
   // chain hashes are in hashes: a block past the list is never registered, so a caller that
   // hashes only committed tokens never indexes a draft.
-  void CommitFullBlocks(SeqId seq, std::span<const BlockHash> hashes, int32_t n_computed);
+  // tokens: the sequence's token ids (at least the committed blocks'), handed to the index
+  // listener with each block that enters the index; may be empty without one.
+  void CommitFullBlocks(SeqId seq, std::span<const BlockHash> hashes, int32_t n_computed,
+                        std::span<const int32_t> tokens = {});
   int32_t num_cached_blocks() const { return static_cast<int32_t>(cached_.size()); }
   // The block indexed under hash, if any.
   std::optional<BlockId> CachedBlock(const BlockHash& hash) const;
@@ -161,14 +164,23 @@ class KvCacheManager {
   // change or it was dropped. The tier copies what it wants to keep before returning.
   using UncacheListener = std::function<void(BlockId id, const BlockHash& hash, bool reused)>;
   void set_uncache_listener(UncacheListener listener) { uncache_listener_ = std::move(listener); }
+  // Called with every block that enters the prefix index (computed and committed, or loaded
+  // from a tier), its chain hash, its parent's (zero for a prompt's first block) and its token
+  // ids: with the uncache listener, every change of the index, in order (KV events).
+  using IndexListener = std::function<void(
+      BlockId id, const BlockHash& hash, const BlockHash& parent, std::span<const int32_t> tokens)>;
+  void set_index_listener(IndexListener listener) { index_listener_ = std::move(listener); }
   // Takes n blocks for a load from a lower tier, held outside any table (refcount 1) until
   // ReleaseHeld. All or nothing, as Append; admission's watermark is the caller's to keep.
   bool HoldBlocks(int32_t n, std::vector<BlockId>* out);
   // Ends holds: blocks[i] for i < n_loaded enter the prefix index under hashes[i] (unless the
   // hash is indexed already: then the block stays private and is freed unindexed), and every
   // block returns to the free list, last first, so the chain's head is reused last.
+  // first_parent: the chain hash before hashes[0] (zero at a prompt's start); tokens: the
+  // blocks' token ids, [blocks][block_size] (for the index listener; may be empty).
   void ReleaseHeld(std::span<const BlockId> blocks, std::span<const BlockHash> hashes,
-                   int32_t n_loaded);
+                   int32_t n_loaded, const BlockHash& first_parent = {},
+                   std::span<const int32_t> tokens = {});
   int32_t num_held_blocks() const { return num_held_; }
   // Block hashes computed so far (HashFullBlocks and the token-list Match): how tests see that
   // a lookup reuses a sequence's hashes instead of hashing its tokens again.
@@ -198,6 +210,12 @@ class KvCacheManager {
   std::vector<bool> block_cached_;
   std::unordered_map<BlockHash, BlockId, BlockHashHasher> cached_;
   UncacheListener uncache_listener_;
+  IndexListener index_listener_;
+  // Tells the index listener that block id entered the index (tokens: the block's, or empty).
+  void Indexed(BlockId id, const BlockHash& hash, const BlockHash& parent,
+               std::span<const int32_t> tokens) {
+    if (index_listener_) index_listener_(id, hash, parent, tokens);
+  }
   std::vector<uint8_t> held_;  // per block: held by HoldBlocks (counts as a holder)
   int32_t num_held_ = 0;
   // A statistic, not state: counted by const lookups (the engine is single-threaded).
