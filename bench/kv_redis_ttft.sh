@@ -48,13 +48,14 @@ for round in $(seq 1 "$ROUNDS"); do
     [ "$(metric "$APORT" kv_redis_blocks_written_total)" -ge $(( want * round )) ] 2>/dev/null && break
     sleep 0.05
   done
-  r0=$(metric "$BPORT" kv_redis_bytes_read_total)
+  r0=$(metric "$BPORT" kv_redis_bytes_read_total); s0=$(metric "$BPORT" kv_redis_read_seconds_total)
   b=$(ask "$BPORT" "$TMP/shared.json" "$TMP/b.json")
-  r1=$(metric "$BPORT" kv_redis_bytes_read_total)
+  r1=$(metric "$BPORT" kv_redis_bytes_read_total); s1=$(metric "$BPORT" kv_redis_read_seconds_total)
   c=$(ask "$BPORT" "$TMP/other.json" "$TMP/c.json")
-  python3 - "$round" "$a" "$b" "$c" "$r0" "$r1" "$TMP/a.json" "$TMP/b.json" <<'PY'
+  python3 - "$round" "$a" "$b" "$c" "$r0" "$r1" "$TMP/a.json" "$TMP/b.json" "$s0" "$s1" <<'PY'
 import json, sys
-r, a, b, c, r0, r1, fa, fb = sys.argv[1:]
+r, a, b, c, r0, r1, fa, fb, s0, s1 = sys.argv[1:]
+load = float(s1) - float(s0)
 a, b, c = float(a), float(b), float(c)
 ra, rb = json.load(open(fa)), json.load(open(fb))
 rt = rb["usage"]["prompt_tokens_details"].get("redis_tokens", 0)
@@ -62,7 +63,7 @@ read = float(r1) - float(r0)
 same = ra["choices"][0]["text"] == rb["choices"][0]["text"]
 print(f"round {r}: A cold {a*1000:7.0f} ms | B from Redis {b*1000:6.0f} ms ({c/b:5.1f}x B's cold "
       f"{c*1000:7.0f} ms; {a/b:5.1f}x A's) | {rt} tokens from Redis, {read/max(rt,1)/1024:.1f} KiB/token "
-      f"read | same token: {same}", flush=True)
+      f"read, loader {load*1000:.0f} ms ({read/max(load,1e-9)/1e9:.2f} GB/s) | same token: {same}", flush=True)
 PY
 done
 echo "redis: $(redis-cli -p "$RPORT" info memory | grep -E '^used_memory_human' | tr -d '\r'), $(redis-cli -p "$RPORT" dbsize) keys"

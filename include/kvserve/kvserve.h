@@ -215,6 +215,7 @@ struct EngineStats {
   int64_t kv_redis_misses = 0;   // blocks past RAM and disk that Redis lacked (or was down)
   int64_t kv_redis_corrupt = 0;  // values that failed a check (never loaded; deleted)
   int64_t kv_redis_bytes_read = 0;
+  double kv_redis_read_seconds = 0;  // the loader's busy time (asking, checking, copying)
   int64_t kv_redis_bytes_written = 0;
   int64_t kv_redis_blocks_written = 0;
   int64_t kv_redis_dropped = 0;  // blocks not written (queue full, or Redis down)

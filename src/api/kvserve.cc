@@ -445,6 +445,7 @@ EngineStats Engine::stats() const {
     s.kv_redis_misses = t.misses;
     s.kv_redis_corrupt = t.corrupt;
     s.kv_redis_bytes_read = r.bytes_read;
+    s.kv_redis_read_seconds = t.load_seconds;
     s.kv_redis_bytes_written = r.bytes_written;
     s.kv_redis_blocks_written = t.blocks_written;
     s.kv_redis_dropped = t.dropped + t.write_errors;

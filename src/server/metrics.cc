@@ -157,6 +157,9 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
           static_cast<double>(s.kv_redis_corrupt));
     gauge("kv_redis_bytes_read_total", "counter", "Bytes of block values read from Redis.",
           static_cast<double>(s.kv_redis_bytes_read));
+    gauge("kv_redis_read_seconds_total", "counter",
+          "Seconds the loader spent asking Redis, checking and copying blocks into the pool.",
+          s.kv_redis_read_seconds);
     gauge("kv_redis_bytes_written_total", "counter", "Bytes of block values written to Redis.",
           static_cast<double>(s.kv_redis_bytes_written));
     gauge("kv_redis_blocks_written_total", "counter", "KV blocks written to Redis.",
