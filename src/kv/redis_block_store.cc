@@ -321,7 +321,9 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
     Reply r(static_cast<redisReply*>(raw));
     if (r->type == REDIS_REPLY_STRING) {
       b.state = StoredBlock::State::kFound;
-      b.bytes.assign(r->str, r->str + r->len);
+      // As bytes (a char range would be copied element by element, converting).
+      const auto* data = reinterpret_cast<const uint8_t*>(r->str);
+      b.bytes.assign(data, data + r->len);
       bytes_read_ += static_cast<int64_t>(r->len);
       ++hits_;
       Remember(hashes[i], true);
