@@ -213,6 +213,50 @@ TEST_F(ServerTest, KvLookupCountsTheLeadingBlocksHeldPerSalt) {
   EXPECT_EQ(client_->Delete("/v1/kv/lookup")->status, 405);
 }
 
+// vLLM's return_token_ids: the reply's ids, streamed or not, so that a client resending the
+// conversation as token ids (bench serve's multi-turn workload) hits the KV of the reply too.
+TEST_F(ServerTest, ReturnTokenIdsResendTheReplyExactly) {
+  Start();
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};  // BOS "Once upon a time"
+  // 5 + 27 fed = 32 positions: two full blocks, the reply's included.
+  const json req = {
+      {"prompt", prompt}, {"max_tokens", 28}, {"temperature", 0}, {"return_token_ids", true}};
+  auto [status, body] = Call("/v1/completions", req);
+  ASSERT_EQ(status, 200) << body.dump();
+  const std::vector<int32_t> ids = body["choices"][0]["token_ids"];
+  ASSERT_EQ(ids.size(), 28u);
+
+  json streamed_req = req;
+  streamed_req["stream"] = true;
+  std::vector<int32_t> streamed;
+  for (const std::string& e : Stream("/v1/completions", streamed_req)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    for (const json& id : chunk["choices"][0]["token_ids"]) streamed.push_back(id);
+  }
+  EXPECT_EQ(streamed, ids);
+
+  // Prompt + reply + a new turn: both full blocks come from the cache.
+  std::vector<int32_t> resend = prompt;
+  resend.insert(resend.end(), ids.begin(), ids.end());
+  for (int32_t i = 0; i < 8; ++i) resend.push_back(300 + i);
+  auto [s2, again] =
+      Call("/v1/completions", {{"prompt", resend}, {"max_tokens", 2}, {"temperature", 0}});
+  ASSERT_EQ(s2, 200) << again.dump();
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
+  EXPECT_FALSE(again["choices"][0].contains("token_ids"));  // only when asked
+
+  auto [s3, chat] =
+      Call("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                    {"max_tokens", 4},
+                                    {"return_token_ids", true}});
+  ASSERT_EQ(s3, 200) << chat.dump();
+  EXPECT_EQ(chat["choices"][0]["token_ids"].size(), 4u);
+  auto [s4, bad] = Call("/v1/completions", {{"prompt", "x"}, {"return_token_ids", "yes"}});
+  EXPECT_EQ(s4, 400);
+  EXPECT_EQ(bad["error"]["param"], "return_token_ids");
+}
+
 TEST_F(ServerTest, StopStringsNAndLogprobs) {
   Start();
   auto [status, body] = Call("/v1/completions", {{"prompt", "Once upon a time"},

@@ -45,11 +45,15 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
   }
   if (!c.done && (e.token >= 0 || !e.text.empty())) {
     std::string lp;
+    std::vector<int32_t> ids;
     if (e.token >= 0) {
       ++c.tokens;
       if (request_.logprobs) RecordLogprobs(e, &c, &lp);
+      if (request_.return_token_ids) {
+        (request_.stream ? ids : c.token_ids).push_back(e.token);
+      }
     }
-    Emit(e.choice, e.text, e.finished, std::move(lp));
+    Emit(e.choice, e.text, e.finished, std::move(lp), std::move(ids));
   }
   if (e.finished) {
     if (e.finish_reason == "error") {
@@ -98,8 +102,8 @@ void CompletionCall::RecordLogprobs(const kvserve::TokenEvent& e, Choice* c,
   c->lp_offset += static_cast<int64_t>(e.text.size());
 }
 
-void CompletionCall::Emit(int32_t index, const std::string& text, bool final,
-                          std::string logprobs) {
+void CompletionCall::Emit(int32_t index, const std::string& text, bool final, std::string logprobs,
+                          std::vector<int32_t> token_ids) {
   Choice& c = choices_[index];
   c.pending += text;
   std::string out;
@@ -110,7 +114,9 @@ void CompletionCall::Emit(int32_t index, const std::string& text, bool final,
     out = c.pending.substr(0, stop_at);
     c.pending.clear();
     c.text += out;
-    if (request_.stream) pieces_.push_back({index, out, "", std::move(logprobs)});
+    if (request_.stream) {
+      pieces_.push_back({index, out, "", std::move(logprobs), std::move(token_ids)});
+    }
     FinishChoice(index, "stop");
     return;
   }
@@ -129,8 +135,10 @@ void CompletionCall::Emit(int32_t index, const std::string& text, bool final,
   out = c.pending.substr(0, c.pending.size() - hold);
   c.pending.erase(0, c.pending.size() - hold);
   c.text += out;
-  if (request_.stream && (!out.empty() || !logprobs.empty())) {
-    pieces_.push_back({index, out, "", std::move(logprobs)});
+  // A token whose text is held back (a possible stop string) still sends its id now: the ids
+  // are the tokens generated, in order, whatever the stop strings make of the text.
+  if (request_.stream && (!out.empty() || !logprobs.empty() || !token_ids.empty())) {
+    pieces_.push_back({index, out, "", std::move(logprobs), std::move(token_ids)});
   }
 }
 
@@ -138,13 +146,13 @@ void CompletionCall::FinishChoice(int32_t index, const std::string& reason) {
   Choice& c = choices_[index];
   if (!c.pending.empty()) {
     c.text += c.pending;
-    if (request_.stream) pieces_.push_back({index, c.pending, "", ""});
+    if (request_.stream) pieces_.push_back({index, c.pending, "", "", {}});
     c.pending.clear();
   }
   c.done = true;
   c.finish_reason = reason;
   ++n_done_;
-  if (request_.stream) pieces_.push_back({index, "", reason, ""});
+  if (request_.stream) pieces_.push_back({index, "", reason, "", {}});
   // Every choice is over (stop strings end a choice before the engine does): free the blocks.
   if (n_done_ == static_cast<int32_t>(choices_.size()) && !engine_done_ && cancel_ &&
       !cancel_sent_) {
@@ -182,6 +190,7 @@ std::string CompletionCall::ChunkJson(const Piece& p) {
     choice += ",\"text\":" + JsonString(p.text);
   }
   choice += ",\"logprobs\":" + (p.logprobs.empty() ? std::string("null") : p.logprobs);
+  if (request_.return_token_ids) choice += ",\"token_ids\":" + Dump(p.token_ids);
   choice += ",\"finish_reason\":" +
             (p.finish_reason.empty() ? std::string("null") : JsonString(p.finish_reason)) + "}";
   std::string chunk = "{\"id\":" + JsonString(id_) + ",\"object\":\"" +
@@ -207,6 +216,7 @@ std::string CompletionCall::FinalJson() const {
       choices += "{\"tokens\":[" + c.lp_tokens + "],\"token_logprobs\":[" + c.lp_values +
                  "],\"top_logprobs\":[" + c.lp_top + "],\"text_offset\":[" + c.lp_offsets + "]}";
     }
+    if (request_.return_token_ids) choices += ",\"token_ids\":" + Dump(c.token_ids);
     if (request_.chat) {
       choices +=
           ",\"message\":" + Dump(nlohmann::json{{"role", "assistant"}, {"content", c.text}}) + "}";

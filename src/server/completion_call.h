@@ -55,16 +55,19 @@ class CompletionCall {
     std::string lp_content;
     std::string lp_tokens, lp_values, lp_top, lp_offsets;
     int64_t lp_offset = 0;
+    std::vector<int32_t> token_ids;  // return_token_ids, not streamed: every generated id
   };
   struct Piece {  // streaming: text for a client, in order
     int32_t choice;
     std::string text;
-    std::string finish_reason;  // non-empty: the choice ends with this piece
-    std::string logprobs;       // this piece's logprobs as JSON text ("": null)
+    std::string finish_reason;       // non-empty: the choice ends with this piece
+    std::string logprobs;            // this piece's logprobs as JSON text ("": null)
+    std::vector<int32_t> token_ids;  // return_token_ids: the ids generated with this piece
   };
 
   // Under mu_: adds text to a choice, holding back a possible stop-string start.
-  void Emit(int32_t index, const std::string& text, bool final, std::string logprobs);
+  void Emit(int32_t index, const std::string& text, bool final, std::string logprobs,
+            std::vector<int32_t> token_ids);
   void RecordLogprobs(const kvserve::TokenEvent& e, Choice* c, std::string* streamed);
   void FinishChoice(int32_t index, const std::string& reason);
   std::string ChunkJson(const Piece& p);

@@ -251,6 +251,7 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
   // Opting out of speculative decoding (it never changes the output, only its speed).
   if (auto e = Bool(body, "speculative", &g.speculative)) return e;
   if (auto e = ParseKvBudgetField(body, &g.kv_budget)) return e;
+  if (auto e = Bool(body, "return_token_ids", &out->return_token_ids)) return e;
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
     if (auto e = Bool(*it, "include_usage", &out->include_usage)) {

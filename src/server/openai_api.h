@@ -40,6 +40,9 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;  // chat: logprobs=true; completions: logprobs=k
+  // vLLM's extension: each choice also carries the generated tokens' ids ("token_ids"), so a
+  // client can resend a conversation as token ids that match the KV cache exactly.
+  bool return_token_ids = false;
 };
 
 // Parses a request body into *out, refusing (400) JSON nested deeper than 64 levels or with more
