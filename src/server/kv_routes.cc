@@ -81,6 +81,37 @@ void Server::ResetPrefixCache(http::Response& res) {
   res.body = Dump(nlohmann::json{{"object", "prefix_cache.reset"}, {"blocks_dropped", dropped}});
 }
 
+// The prompt of a KV route's body, {"prompt" | "tokens" | "messages", "cache_salt"?}, checked
+// as a completion request's (the completion parser checks the prompt, its ids and the salt);
+// *param names the field the prompt came in.
+std::optional<ApiError> Server::PromptOfBody(const nlohmann::json& body,
+                                             std::vector<int32_t>* tokens, std::string* cache_salt,
+                                             std::string* param) const {
+  const int given =
+      int(body.contains("prompt")) + int(body.contains("tokens")) + int(body.contains("messages"));
+  if (given != 1)
+    return BadRequest("give exactly one of 'prompt', 'tokens' or 'messages'", "prompt");
+  nlohmann::json request = nlohmann::json::object();
+  const bool chat = body.contains("messages");
+  if (chat) request["messages"] = body["messages"];
+  if (body.contains("prompt")) request["prompt"] = body["prompt"];
+  if (body.contains("tokens")) {
+    if (!body["tokens"].is_array()) {
+      return BadRequest("'tokens' must be an array of token ids", "tokens");
+    }
+    request["prompt"] = body["tokens"];
+  }
+  if (body.contains("cache_salt")) request["cache_salt"] = body["cache_salt"];
+  CompletionRequest parsed;
+  if (auto err = ParseCompletionRequest(request, chat, &parsed)) {
+    if (body.contains("tokens") && err->param == "prompt") err->param = "tokens";
+    return err;
+  }
+  *param = body.contains("tokens") ? "tokens" : (chat ? "messages" : "prompt");
+  *cache_salt = parsed.gen.cache_salt;
+  return PromptTokens(parsed, chat, *param, tokens);
+}
+
 // GET /v1/kv/lookup?prompt=TEXT (or tokens=1,2,3; and cache_salt=S), or POST with a JSON body
 // {"prompt" | "tokens" | "messages", "cache_salt"?}: the prompt's full blocks and how many
 // leading tokens of it are held in RAM and on disk.
@@ -128,34 +159,12 @@ void Server::KvLookup(const http::Request& req, http::Response& res) {
       }
     }
   }
-  const int given =
-      int(body.contains("prompt")) + int(body.contains("tokens")) + int(body.contains("messages"));
-  if (given != 1) {
-    return SendError(res,
-                     BadRequest("give exactly one of 'prompt', 'tokens' or 'messages'", "prompt"));
-  }
-  nlohmann::json request = nlohmann::json::object();
-  const bool chat = body.contains("messages");
-  if (chat) request["messages"] = body["messages"];
-  if (body.contains("prompt")) request["prompt"] = body["prompt"];
-  if (body.contains("tokens")) {
-    if (!body["tokens"].is_array()) {
-      return SendError(res, BadRequest("'tokens' must be an array of token ids", "tokens"));
-    }
-    request["prompt"] = body["tokens"];
-  }
-  if (body.contains("cache_salt")) request["cache_salt"] = body["cache_salt"];
-  CompletionRequest parsed;
-  if (auto err = ParseCompletionRequest(request, chat, &parsed)) {
-    if (body.contains("tokens") && err->param == "prompt") err->param = "tokens";
-    return SendError(res, *err);
-  }
   std::vector<int32_t> tokens;
-  const std::string param = body.contains("tokens") ? "tokens" : (chat ? "messages" : "prompt");
-  if (auto err = PromptTokens(parsed, chat, param, &tokens)) return SendError(res, *err);
+  std::string salt, param;
+  if (auto err = PromptOfBody(body, &tokens, &salt, &param)) return SendError(res, *err);
   kvserve::KvPrefixLookup found;
   std::string error;
-  if (!engine_->LookupKvPrefix(tokens, parsed.gen.cache_salt, &found, &error)) {
+  if (!engine_->LookupKvPrefix(tokens, salt, &found, &error)) {
     return SendError(res, ApiError{503, "server_error", error, {}, {}});
   }
   res.body = Dump(nlohmann::json{{"object", "kv.lookup"},
@@ -201,35 +210,12 @@ void Server::KvDocuments(const http::Request& req, http::Response& res) {
     return SendError(res, BadRequest("'name' is required: a string", "name"));
   }
   const std::string name = *name_it;
-  const int given =
-      int(body.contains("prompt")) + int(body.contains("tokens")) + int(body.contains("messages"));
-  if (given != 1) {
-    return SendError(res,
-                     BadRequest("give exactly one of 'prompt', 'tokens' or 'messages'", "prompt"));
-  }
-  // The completion parser checks the prompt, its token ids and cache_salt as a request's.
-  nlohmann::json request = nlohmann::json::object();
-  const bool chat = body.contains("messages");
-  if (chat) request["messages"] = body["messages"];
-  if (body.contains("prompt")) request["prompt"] = body["prompt"];
-  if (body.contains("tokens")) {
-    if (!body["tokens"].is_array()) {
-      return SendError(res, BadRequest("'tokens' must be an array of token ids", "tokens"));
-    }
-    request["prompt"] = body["tokens"];
-  }
-  if (body.contains("cache_salt")) request["cache_salt"] = body["cache_salt"];
-  CompletionRequest parsed;
-  if (auto err = ParseCompletionRequest(request, chat, &parsed)) {
-    if (body.contains("tokens") && err->param == "prompt") err->param = "tokens";
-    return SendError(res, *err);
-  }
   std::vector<int32_t> tokens;
-  const std::string param = body.contains("tokens") ? "tokens" : (chat ? "messages" : "prompt");
-  if (auto err = PromptTokens(parsed, chat, param, &tokens)) return SendError(res, *err);
+  std::string salt, param;
+  if (auto err = PromptOfBody(body, &tokens, &salt, &param)) return SendError(res, *err);
   kvserve::KvDocumentInfo info;
   std::string error;
-  if (!engine_->SaveKvDocument(name, std::move(tokens), parsed.gen.cache_salt, &info, &error)) {
+  if (!engine_->SaveKvDocument(name, std::move(tokens), salt, &info, &error)) {
     ApiError e = DocumentError(error);
     // Too few tokens, too many for the context: the document's text, not its name.
     if (e.status == 400 && error.find("name") == std::string::npos) {

@@ -84,6 +84,8 @@ class Server {
   void KvDocuments(const http::Request& req, http::Response& res);
   void ResetPrefixCache(http::Response& res);
   void KvLookup(const http::Request& req, http::Response& res);
+  std::optional<ApiError> PromptOfBody(const nlohmann::json& body, std::vector<int32_t>* tokens,
+                                       std::string* cache_salt, std::string* param) const;
   bool Authorized(const http::Request& req) const;
 
   ServerOptions options_;
