@@ -5,7 +5,9 @@
 #       32-token questions, 32 generated tokens each; the first request alone (cold), the
 #       other 31 at concurrency 4 (warm).
 #   (b) multi-turn: 8 conversations of 6 turns at once, each turn resending the whole history
-#       (text) plus a 32-word user turn, 48 generated tokens per turn.
+#       as token ids plus a 32-token user turn, 48 generated tokens per turn (the reply's ids
+#       from return_token_ids; llama-server sends none, so its replies are resent as stand-in
+#       ids and only the history before each reply can hit its cache).
 # llama-server runs with flash attention on, once per load mode of PEER_LOAD_MODES (default
 # "mmap none": its default file mapping, and the weights read into memory, as kvserve reads them
 # into huge pages); the closing ratio is against the better of them.

@@ -9,6 +9,8 @@ PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates pyth
       redis-server haproxy python3-zmq python3-msgpack)
 # redis-server and haproxy: the shared-KV-tier tests start their own on loopback ports; the
 # package's own service (started by apt where an init system runs) is not used.
+# The deployment test parses deploy/compose.yaml and deploy/k8s/kvserve.yaml.
+PKGS+=(python3-yaml)
 # Node.js and npm run the openai npm package against the server in the tests; a machine that
 # already has node (e.g. from NodeSource, which bundles npm) keeps it.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
