@@ -3,7 +3,8 @@
 # parsed. What runs for real, on free loopback ports:
 #  - `haproxy -c` on deploy/haproxy.cfg and deploy/k8s/haproxy.cfg;
 #  - redis-server with deploy/redis.conf (port, bind and dir overridden): it answers, asks for
-#    the password it was started with, and has the cache settings (allkeys-lru, no persistence);
+#    the password it was started with, has the cache settings (allkeys-lru, no persistence),
+#    and the ACL its comments suggest lets kvserve's commands through on its keys only;
 #  - HAProxy with deploy/haproxy.cfg in front of two kvserve replicas of stories260K: one
 #    X-Session-Id always reaches one replica (the replica's own request counter agrees with
 #    HAProxy's X-Kvserve-Replica header), requests without it are spread over both, a killed
@@ -73,6 +74,15 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     [ "$got" = "allkeys-lru//no/yes/4294967296" ] &&
       pass "redis: allkeys-lru, no snapshots, no AOF, protected mode, maxmemory 4gb" ||
       fail "redis settings: $got"
+    # The ACL redis.conf suggests (a comment there) lets kvserve's commands through, and no other.
+    acl=$(sed -n 's/^#   user kvserve on >PASSWORD //p' "$DEPLOY/redis.conf")
+    # shellcheck disable=SC2086  # the rules are words
+    rcli acl setuser kvserve on '>userpw' $acl >/dev/null
+    ucli() { redis-cli -p "$REDIS_PORT" --no-auth-warning --user kvserve --pass userpw "$@" 2>&1; }
+    got=$(ucli set 'kvserve:{ab12}' v EX 60)/$(ucli get 'kvserve:{ab12}')/$(ucli del 'kvserve:{ab12}')/$(ucli ping)
+    [ -n "$acl" ] && [ "$got" = "OK/v/1/PONG" ] && [[ $(ucli set other v) == *NOPERM* ]] &&
+      [[ $(ucli flushall) == *NOPERM* ]] && pass "redis: the suggested ACL ($acl) allows kvserve's keys only" ||
+      fail "redis ACL '$acl': $got"
     rcli shutdown nosave >/dev/null
   else
     fail "redis-server deploy/redis.conf did not answer: $(tail -5 "$TMP/redis.log")"
