@@ -6,6 +6,7 @@
 // with every greedy token equal to a cold run.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -215,6 +216,46 @@ TEST(RedisBlockStore, ASlowRedisTimesOutInsteadOfStalling) {
   EXPECT_TRUE(timed_out);
   EXPECT_TRUE(
       Eventually([&] { return store->GetMany(ask)[0].state == StoredBlock::State::kFound; }));
+}
+
+// A server that answers PING, then trickles a GET's reply a byte at a time: each read returns
+// something, so only a deadline on the whole reply ends the wait.
+TEST(RedisBlockStore, ATricklingServerTimesOutOnTheWholeReply) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::listen(listener, 4);
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    char buf[4096];
+    (void)::read(fd, buf, sizeof buf);  // PING
+    (void)::write(fd, "+PONG\r\n", 7);
+    (void)::read(fd, buf, sizeof buf);  // the GETs
+    (void)::write(fd, "$100000\r\n", 9);
+    while (!stop) {
+      if (::write(fd, "x", 1) != 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the server's pace
+    }
+    ::close(fd);
+  });
+  auto store = OpenStore("redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
+                         /*timeout_ms=*/300);
+  ASSERT_NE(store, nullptr);
+  const std::vector<BlockHash> ask = {Hash(1)};
+  const auto t0 = Clock::now();
+  EXPECT_EQ(store->GetMany(ask)[0].state, StoredBlock::State::kUnavailable);
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000));
+  EXPECT_FALSE(store->stats().up);
+  stop = true;
+  ::shutdown(listener, SHUT_RDWR);
+  server.join();
+  ::close(listener);
 }
 
 TEST(RedisBlockStore, AValueOfAnotherTypeIsUnreadableNotAnOutage) {

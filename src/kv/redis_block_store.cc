@@ -32,20 +32,56 @@ bool ParseInt(std::string_view s, int* out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
-// Runs one command (binary-safe arguments); null when the connection failed (c->err set).
-Reply Command(redisContext* c, std::initializer_list<std::string_view> args) {
+redisReply* ReplyBefore(redisContext* c, std::chrono::steady_clock::time_point deadline,
+                        bool* timed_out);
+
+// Runs one command (binary-safe arguments) within timeout_ms; null when the connection failed
+// or the reply did not come in time (then the connection must be dropped).
+Reply Command(redisContext* c, int64_t timeout_ms, std::initializer_list<std::string_view> args) {
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   for (std::string_view a : args) {
     argv.push_back(a.data());
     lens.push_back(a.size());
   }
-  return Reply(static_cast<redisReply*>(
-      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+  if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+      REDIS_OK) {
+    return nullptr;
+  }
+  bool timed_out = false;
+  return Reply(ReplyBefore(
+      c, std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms), &timed_out));
+}
+
+// The next reply, read with a deadline on the whole reply rather than hiredis's timeout on each
+// read (a server that trickles a byte now and then would never trip that one). Null, with
+// c->err set, on a connection error; null with *timed_out when the deadline passed.
+redisReply* ReplyBefore(redisContext* c, std::chrono::steady_clock::time_point deadline,
+                        bool* timed_out) {
+  *timed_out = false;
+  int done = 0;
+  while (!done) {  // what redisAppendCommand* queued goes out first
+    if (redisBufferWrite(c, &done) != REDIS_OK) return nullptr;
+  }
+  while (true) {
+    void* reply = nullptr;
+    if (redisGetReplyFromReader(c, &reply) != REDIS_OK) return nullptr;
+    if (reply) return static_cast<redisReply*>(reply);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      *timed_out = true;
+      return nullptr;
+    }
+    redisSetTimeout(c, timeval{static_cast<time_t>(left.count() / 1000),
+                               static_cast<suseconds_t>((left.count() % 1000) * 1000)});
+    if (redisBufferRead(c) != REDIS_OK) return nullptr;
+  }
 }
 
 std::string ConnectionError(const redisContext* c) {
-  return c && c->errstr[0] ? std::string(c->errstr) : std::string("connection failed");
+  return c && c->err && c->errstr[0] ? std::string(c->errstr)
+                                     : std::string("no reply within --kv-redis-timeout-ms");
 }
 
 // The URL as a log line may show it: user info (a password) replaced by "***".
@@ -129,7 +165,13 @@ Expected<std::unique_ptr<RedisBlockStore>> RedisBlockStore::Open(const RedisStor
   if (!c) {
     // Refused credentials are a configuration error; anything else (not running yet, a
     // network) is an outage the store rides out.
-    if (why.find("AUTH") != std::string::npos || why.find("SELECT") != std::string::npos) {
+    const bool refused = why.find("WRONGPASS") != std::string::npos ||
+                         why.find("NOAUTH") != std::string::npos ||
+                         why.find("NOPERM") != std::string::npos ||
+                         why.find("invalid password") != std::string::npos ||
+                         why.find("invalid username") != std::string::npos ||
+                         why.find("DB index") != std::string::npos;
+    if (refused) {
       return Status::Error("kv redis: " + config.endpoint.Display() + ": " + why);
     }
     return store;
@@ -186,15 +228,15 @@ redisContext* RedisBlockStore::Acquire(std::string* why) {
   };
   if (!config_.endpoint.password.empty()) {
     const RedisEndpoint& e = config_.endpoint;
-    Reply r = e.user.empty() ? Command(c, {"AUTH", e.password})
-                             : Command(c, {"AUTH", e.user, e.password});
+    Reply r = e.user.empty() ? Command(c, config_.timeout_ms, {"AUTH", e.password})
+                             : Command(c, config_.timeout_ms, {"AUTH", e.user, e.password});
     if (!r || r->type == REDIS_REPLY_ERROR) return fail("AUTH", r);
   }
   if (config_.endpoint.db != 0) {
-    Reply r = Command(c, {"SELECT", std::to_string(config_.endpoint.db)});
+    Reply r = Command(c, config_.timeout_ms, {"SELECT", std::to_string(config_.endpoint.db)});
     if (!r || r->type == REDIS_REPLY_ERROR) return fail("SELECT", r);
   }
-  Reply r = Command(c, {"PING"});
+  Reply r = Command(c, config_.timeout_ms, {"PING"});
   if (!r || r->type == REDIS_REPLY_ERROR) return fail("PING", r);
   MarkUp();
   return c;
@@ -270,8 +312,8 @@ Status RedisBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file
   const std::string key = KeyOf(hash);
   const std::string_view value(reinterpret_cast<const char*>(file.data()), file.size());
   const std::string ttl = std::to_string(config_.ttl_seconds);
-  Reply r = config_.ttl_seconds > 0 ? Command(c, {"SET", key, value, "EX", ttl})
-                                    : Command(c, {"SET", key, value});
+  Reply r = config_.ttl_seconds > 0 ? Command(c, config_.timeout_ms, {"SET", key, value, "EX", ttl})
+                                    : Command(c, config_.timeout_ms, {"SET", key, value});
   if (!r) {
     why = "SET: " + ConnectionError(c);
     Release(c, false, why);
@@ -307,10 +349,13 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
     redisAppendCommandArgv(c, 2, argv, lens);
   }
   bool ok = true;
+  // One deadline for the batch: a slow or trickling server costs at most the timeout.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(config_.timeout_ms);
   for (size_t i = 0; i < hashes.size(); ++i) {
     StoredBlock& b = out[i];
-    void* raw = nullptr;
-    if (!ok || redisGetReply(c, &raw) != REDIS_OK) {
+    bool timed_out = false;
+    Reply r(ok ? ReplyBefore(c, deadline, &timed_out) : nullptr);
+    if (!r) {
       if (ok) why = "GET: " + ConnectionError(c);
       ok = false;
       b.state = StoredBlock::State::kUnavailable;
@@ -318,7 +363,6 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
       ++misses_;
       continue;
     }
-    Reply r(static_cast<redisReply*>(raw));
     if (r->type == REDIS_REPLY_STRING) {
       b.state = StoredBlock::State::kFound;
       // As bytes (a char range would be copied element by element, converting).
@@ -355,7 +399,7 @@ void RedisBlockStore::Erase(const BlockHash& hash) {
   std::string why;
   redisContext* c = Acquire(&why);
   if (!c) return;
-  Reply r = Command(c, {"DEL", KeyOf(hash)});
+  Reply r = Command(c, config_.timeout_ms, {"DEL", KeyOf(hash)});
   if (!r) {
     Release(c, false, "DEL: " + ConnectionError(c));
     return;
