@@ -273,6 +273,24 @@ TEST(RedisBlockStore, AValueOfAnotherTypeIsUnreadableNotAnOutage) {
   EXPECT_EQ(store->GetMany(ask)[0].state, StoredBlock::State::kAbsent);
 }
 
+TEST(RedisBlockStore, ALookupTheServerRefusesIsAMissNotADamagedBlock) {
+  RedisServer server;
+  REQUIRE_REDIS(server);
+  // A user that may not touch these keys (an ACL for another application).
+  freeReplyObject(server.Command({"ACL", "SETUSER", "other", "on", ">pw", "~other:*", "+@all"}));
+  auto owner = OpenStore(server.url());
+  ASSERT_NE(owner, nullptr);
+  ASSERT_TRUE(owner->Put(Hash(1), Bytes(100, 1)).ok());
+  auto limited = OpenStore("redis://other:pw@127.0.0.1:" + std::to_string(server.port()));
+  ASSERT_NE(limited, nullptr);
+  const std::vector<BlockHash> ask = {Hash(1)};
+  const auto got = limited->GetMany(ask);
+  EXPECT_EQ(got[0].state, StoredBlock::State::kUnavailable);
+  EXPECT_NE(got[0].error.find("NOPERM"), std::string::npos) << got[0].error;
+  EXPECT_GE(limited->stats().errors, 1);
+  EXPECT_EQ(owner->GetMany(ask)[0].state, StoredBlock::State::kFound);  // the block stays
+}
+
 // --- Two engines (replicas) sharing one Redis, on the real model.
 
 constexpr const char* kModel = "stories260K.gguf";

@@ -375,8 +375,20 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
       b.state = StoredBlock::State::kAbsent;
       ++misses_;
       Remember(hashes[i], false);
+    } else if (r->type == REDIS_REPLY_ERROR &&
+               std::string_view(r->str ? r->str : "").rfind("WRONGTYPE", 0) != 0) {
+      // Refused (NOPERM: an ACL without these keys or GET; BUSY: a script runs): the store
+      // cannot be asked now; the block is not at fault, so it stays. Logged once.
+      b.state = StoredBlock::State::kUnavailable;
+      b.error = std::string("redis: ") + (r->str ? r->str : "error");
+      ++misses_;
+      ++errors_;
+      if (!refusal_logged_.exchange(true)) {
+        KVS_LOG_WARN("kv redis: %s refuses lookups (%s): they miss (logged once)",
+                     config_.endpoint.Display().c_str(), r->str ? r->str : "error");
+      }
     } else {
-      // WRONGTYPE and the like: something else lives under the block's key.
+      // WRONGTYPE, or a reply that is not a string: something else lives under the block's key.
       b.state = StoredBlock::State::kUnreadable;
       b.error = std::string("redis: ") +
                 (r->type == REDIS_REPLY_ERROR && r->str ? r->str : "a value that is not a string");

@@ -108,6 +108,7 @@ class RedisBlockStore final : public BlockStore {
   std::atomic<int64_t> errors_{0}, hits_{0}, misses_{0}, bytes_written_{0}, bytes_read_{0};
   std::atomic<int64_t> reconnects_{0};
   std::atomic<bool> up_{false};
+  std::atomic<bool> refusal_logged_{false};  // a lookup refused by an error reply was logged
 };
 
 }  // namespace kvs
