@@ -90,6 +90,31 @@ TEST(RedisUrl, ParsesWhatRedisUrlAllowsAndNamesWhatIsWrong) {
   EXPECT_NE(ParseRedisUrl("rediss://h:1").error().find("TLS"), std::string::npos);
 }
 
+TEST(RedisUrl, DecodesPercentEncodedCredentialsAndReadsBracketedIpv6) {
+  // A password with '@', ':' and '%' in it, as redis-py and the other REDIS_URL readers take it.
+  auto a = ParseRedisUrl("redis://app%3A1:p%40ss%3Aw%25rd@cache:6380/2");
+  ASSERT_TRUE(a.ok()) << a.error();
+  EXPECT_EQ(a->user, "app:1");
+  EXPECT_EQ(a->password, "p@ss:w%rd");
+  EXPECT_EQ(a->host, "cache");
+  EXPECT_EQ(a->port, 6380);
+  auto v6 = ParseRedisUrl("redis://[::1]:7000/1");
+  ASSERT_TRUE(v6.ok()) << v6.error();
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 7000);
+  EXPECT_EQ(v6->Display(), "redis://[::1]:7000/1");
+  auto v6_default = ParseRedisUrl("redis://[fe80::2]");
+  ASSERT_TRUE(v6_default.ok()) << v6_default.error();
+  EXPECT_EQ(v6_default->host, "fe80::2");
+  EXPECT_EQ(v6_default->port, 6379);
+  for (const char* bad : {"redis://u:bad%zzsecret@h:1", "redis://u:secret%4@h", "redis://::1:7000",
+                          "redis://[::1", "redis://[::1]x", "redis://[::1]:", "redis://h:"}) {
+    auto r = ParseRedisUrl(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().find("secret"), std::string::npos) << r.error();
+  }
+}
+
 TEST(RedisBlockStore, RoundTripsInOnePipelineUnderHashTaggedKeys) {
   RedisServer server;
   REQUIRE_REDIS(server);
@@ -271,6 +296,58 @@ TEST(RedisBlockStore, AValueOfAnotherTypeIsUnreadableNotAnOutage) {
   EXPECT_TRUE(store->stats().up);
   store->Erase(Hash(5));  // what the loader does with it
   EXPECT_EQ(store->GetMany(ask)[0].state, StoredBlock::State::kAbsent);
+}
+
+TEST(RedisBlockStore, AValueLargerThanAnyBlockFileIsNeverRead) {
+  RedisServer server;
+  REQUIRE_REDIS(server);
+  RedisStoreConfig c;
+  c.endpoint = *ParseRedisUrl(server.url());
+  c.max_value_bytes = 4096;
+  auto opened = RedisBlockStore::Open(c);
+  ASSERT_TRUE(opened.ok()) << opened.error();
+  RedisBlockStore& store = **opened;
+  const std::string huge(size_t{8} << 20, 'x');  // 8 MiB where a block file is at most 4 KiB
+  freeReplyObject(server.Command({"SET", store.KeyOf(Hash(1)), huge}));
+  ASSERT_TRUE(store.Put(Hash(2), Bytes(4096, 2)).ok());  // exactly the bound: a block file
+  freeReplyObject(server.Command({"SET", store.KeyOf(Hash(3)), ""}));
+  const std::vector<BlockHash> ask = {Hash(1), Hash(2), Hash(3), Hash(4)};
+  const auto got = store.GetMany(ask);
+  EXPECT_EQ(got[0].state, StoredBlock::State::kUnreadable);
+  EXPECT_NE(got[0].error.find("8388608 bytes"), std::string::npos) << got[0].error;
+  EXPECT_TRUE(got[0].bytes.empty());
+  EXPECT_EQ(got[1].state, StoredBlock::State::kFound);
+  EXPECT_EQ(got[1].bytes, Bytes(4096, 2));
+  EXPECT_EQ(got[2].state, StoredBlock::State::kAbsent);  // empty: no block file; rewritten
+  EXPECT_EQ(got[3].state, StoredBlock::State::kAbsent);
+  EXPECT_EQ(store.stats().bytes_read, 4096);  // the 8 MiB never crossed the wire
+  EXPECT_TRUE(store.stats().up);
+}
+
+TEST(RedisBlockStore, RefusedWritesPauseInsteadOfResendingEveryBlock) {
+  RedisServer server;
+  REQUIRE_REDIS(server);
+  auto store = OpenStore(server.url());
+  ASSERT_NE(store, nullptr);
+  // Full, and told not to evict: every SET is refused with OOM.
+  freeReplyObject(server.Command({"CONFIG", "SET", "maxmemory-policy", "noeviction"}));
+  freeReplyObject(server.Command({"CONFIG", "SET", "maxmemory", "1"}));
+  const Status refused = store->Put(Hash(1), Bytes(100, 1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("OOM"), std::string::npos) << refused.message();
+  const int64_t errors = store->stats().errors;
+  // The next writes fail here, without a SET sent to be refused again.
+  for (int i = 2; i < 10; ++i) EXPECT_FALSE(store->Put(Hash(i), Bytes(100, 1)).ok());
+  EXPECT_EQ(store->stats().errors, errors);
+  EXPECT_EQ(store->stats().bytes_written, 0);
+  EXPECT_TRUE(store->stats().up);  // refused writes are not an outage: lookups go on
+  EXPECT_EQ(store->GetMany(std::vector<BlockHash>{Hash(1)})[0].state,
+            StoredBlock::State::kAbsent);
+  freeReplyObject(server.Command({"CONFIG", "SET", "maxmemory", "0"}));
+  // After the pause (1 s at first) writes are taken again.
+  EXPECT_TRUE(Eventually([&] { return store->Put(Hash(1), Bytes(100, 1)).ok(); }));
+  EXPECT_EQ(store->GetMany(std::vector<BlockHash>{Hash(1)})[0].state,
+            StoredBlock::State::kFound);
 }
 
 TEST(RedisBlockStore, ALookupTheServerRefusesIsAMissNotADamagedBlock) {

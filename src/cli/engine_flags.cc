@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "kernels/kv_types.h"
+#include "kv/redis_block_store.h"
 
 namespace kvs::cli {
 namespace {
@@ -176,9 +177,12 @@ void AddKvRedisFlags(CLI::App* cmd, EngineFlags* f) {
                   "behind and looked up after RAM and disk on a prefix miss; Redis down or slow "
                   "costs reuse, never a request")
       ->check([](const std::string& url) -> std::string {
-        return url.rfind("redis://", 0) == 0 || url.rfind("rediss://", 0) == 0
-                   ? ""
-                   : "--kv-redis: expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]";
+        auto endpoint = ParseRedisUrl(url);
+        if (endpoint.ok()) return "";
+        // CLI11 puts "--kv-redis: " before the message; the parser's own starts the same way.
+        const std::string& why = endpoint.error();
+        const std::string_view flag = "--kv-redis ";
+        return why.rfind(flag, 0) == 0 ? why.substr(flag.size()) : why;
       });
   cmd->add_option("--kv-redis-password-file", o.kv_redis_password_file,
                   "Shared tier: read Redis's password from the first line of FILE (kept out of "

@@ -369,10 +369,13 @@ Status Engine::Step(EngineStepStats* stats) {
   } flush_events{events_.get()};
   for (auto& t : tiers_) {
     if (!t) continue;
-    t->BeforePlan(kv_, scheduler_.waiting(), [this](SeqId id) -> Sequence* {
-      auto it = sequences_.find(id);
-      return it == sequences_.end() ? nullptr : it->second.get();
-    });
+    t->BeforePlan(
+        kv_, scheduler_.waiting(),
+        [this](SeqId id) -> Sequence* {
+          auto it = sequences_.find(id);
+          return it == sequences_.end() ? nullptr : it->second.get();
+        },
+        step_cost_.ready() ? step_cost_.per_token() : 0);
   }
   if (drafter_) AddLookahead();
   const double step_start = clock_();

@@ -87,6 +87,8 @@ Expected<std::unique_ptr<KvTier>> KvTier::OpenRedis(const KvRedisConfig& config,
   rc.key_namespace = config.key_namespace;
   rc.ttl_seconds = config.ttl_seconds;
   rc.timeout_ms = config.timeout_ms;
+  rc.max_value_bytes = static_cast<int64_t>(
+      MaxBlockFileBytes(identity, storage.geometry().BytesPerBlock()));
   auto store = RedisBlockStore::Open(rc);
   if (!store.ok()) return store.status();
   KvTierConfig c;
@@ -146,6 +148,7 @@ KvTierStats KvTier::stats() const {
   s.corrupt = corrupt_;
   s.bytes_read = bytes_read_;
   s.loaded_tokens = loaded_tokens_;
+  s.load_deadlines = load_deadlines_;
   s.load_seconds = static_cast<double>(load_ns_) * 1e-9;
   s.bytes_written = w.bytes_written;
   s.payload_bytes_written = w.payload_bytes;
@@ -201,7 +204,8 @@ void KvTier::OnUncache(BlockId id, const BlockHash& hash, bool reused) {
 }
 
 void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waiting,
-                        const std::function<Sequence*(SeqId)>& find) {
+                        const std::function<Sequence*(SeqId)>& find,
+                        double compute_seconds_per_token) {
   const int32_t bs = kv.block_size();
   for (const LoadResult& r : loader_->TakeDone()) {
     auto it = loads_.find(r.ticket);
@@ -214,6 +218,11 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     bytes_read_ += r.bytes_read;
     loaded_tokens_ += int64_t{r.n_loaded} * bs;
     load_ns_ += static_cast<int64_t>(r.seconds * 1e9);
+    if (r.deadline_passed && load_deadlines_++ == 0) {
+      KVS_LOG_WARN("kv %.*s: a load ran past its deadline (the store answers slower than "
+                   "computing the tokens would): the rest was computed (logged once)",
+                   static_cast<int>(store_->name().size()), store_->name().data());
+    }
     if (r.corrupt) {
       KVS_LOG_WARN(
           "kv %.*s: %d stored block(s) failed a check, recomputed (and removed, unless a "
@@ -261,6 +270,16 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     job.first_parent = in_ram == 0 ? BlockHash{} : seq->block_hashes[in_ram - 1];
     job.tokens.assign(seq->tokens.begin() + in_ram * bs,
                       seq->tokens.begin() + (in_ram + take) * bs);
+    if (redis_) {
+      // Worth waiting for only while faster than computing: a slow store (or a load queued
+      // behind one) must not hold the sequence longer than its prefill would take.
+      const double budget_s =
+          std::max(static_cast<double>(redis_->config().timeout_ms) / 1e3,
+                   compute_seconds_per_token * static_cast<double>(take) * bs);
+      job.deadline = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(budget_s));
+    }
     loads_.emplace(job.ticket, Load{seq->id, job.blocks, job.hashes, job.first_parent, job.tokens});
     seq->kv_loading = true;
     loader_->Submit(std::move(job));

@@ -89,6 +89,7 @@ struct KvTierStats {
   int64_t usage_bytes = 0;
   int64_t blocks_stored = 0;
   int64_t loaded_tokens = 0;
+  int64_t load_deadlines = 0;  // loads ended at their deadline (a store slower than computing)
   double load_seconds = 0;  // the loader's busy time (bytes_read / load_seconds: its read rate)
   bool failed = false;      // the tier turned itself off (a full, read-only or vanished directory)
 };
@@ -122,9 +123,12 @@ class KvTier {
   // --- Engine hooks (the engine's thread).
   // Collects finished loads (their blocks enter the prefix index; the sequences become
   // admissible), then starts loads for waiting sequences whose prefix continues on disk.
-  // find(seq id): the live sequence, or null once it is gone.
+  // find(seq id): the live sequence, or null once it is gone. compute_seconds_per_token: what
+  // prefill costs a token now (0: not known yet); a remote store's load that would take longer
+  // than computing its tokens (and than the store's timeout) ends at that deadline.
   void BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waiting,
-                  const std::function<Sequence*(SeqId)>& find);
+                  const std::function<Sequence*(SeqId)>& find,
+                  double compute_seconds_per_token = 0);
   // The sequence committed blocks (its table's hashes grew): write-through offers them.
   void AfterCommit(Sequence& seq, const KvCacheManager& kv);
   // KvCacheManager's uncache listener.
@@ -178,7 +182,7 @@ class KvTier {
   uint64_t next_ticket_ = 1;
   std::vector<uint8_t> scratch_;
   std::atomic<int64_t> hits_{0}, misses_{0}, corrupt_{0}, bytes_read_{0}, loaded_tokens_{0};
-  std::atomic<int64_t> load_ns_{0};
+  std::atomic<int64_t> load_ns_{0}, load_deadlines_{0};
   bool reported_failure_ = false;
 };
 

@@ -6,6 +6,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -143,6 +144,13 @@ Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
   w.Bytes(stored.data(), stored.size());
   w.Int(static_cast<uint64_t>(XXH3_64bits(out.data(), out.size())));
   return out;
+}
+
+size_t MaxBlockFileBytes(const BlockIdentity& identity, size_t payload_bytes) {
+  // The fixed header fields take under 256 bytes; the token ids 4 each.
+  constexpr size_t kFixed = 256;
+  return kFixed + 4 * static_cast<size_t>(std::max(identity.block_size, 0)) +
+         std::max(payload_bytes, ZSTD_compressBound(payload_bytes));
 }
 
 Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,

@@ -65,6 +65,10 @@ Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
                                                std::span<const uint8_t> payload,
                                                int zstd_level = 3);
 
+// The most bytes a file of a block of payload_bytes can have, whatever its codec (header,
+// zstd's worst case, checksum): a store may refuse to read anything larger.
+size_t MaxBlockFileBytes(const BlockIdentity& identity, size_t payload_bytes);
+
 // Checks and decodes a file's bytes. An error (naming what failed: truncated, checksum,
 // version, identity, hash, payload size, codec) for anything but the expected block: the
 // caller counts it as corrupt and recomputes.

@@ -113,6 +113,12 @@ LoadResult BlockLoader::Run(const LoadJob& job) {
   };
   size_t i = 0;
   for (; i < job.blocks.size(); ++i) {
+    if (i >= batch_start + batch.size() && std::chrono::steady_clock::now() >= job.deadline) {
+      why = "the load's deadline passed (the store answers slower than computing would)";
+      missing = true;
+      r.deadline_passed = true;
+      break;
+    }
     if (!Check(job, i, fetch(i), &payload, &missing, &r.bytes_read, &why)) break;
     if (Status st = write_block_(job.blocks[i], payload); !st.ok()) {
       why = st.message();

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -32,6 +33,9 @@ struct LoadJob {
   std::vector<BlockHash> hashes;  // [n] their chain hashes
   BlockHash first_parent;         // the chain hash before hashes[0] (zero at the prompt's start)
   std::vector<int32_t> tokens;    // [n][block_size] the token ids each block must hold
+  // No batch is asked for after this time (a store slower than computing the tokens, or a job
+  // that waited behind a slow one): the blocks read so far are kept, the rest recomputed.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 struct LoadResult {
@@ -41,6 +45,7 @@ struct LoadResult {
   int32_t corrupt = 0;     // blocks that failed a check (the one that ended the job, and after)
   int32_t missing = 0;     // 0 or 1: the block that ended the job was not stored (or the store
                            // could not be asked)
+  bool deadline_passed = false;  // the job ended at its deadline
   std::string error;       // why the job ended early
   double seconds = 0;      // spent reading, checking and copying
 };

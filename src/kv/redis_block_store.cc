@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <optional>
 
 #include "core/log.h"
 
@@ -14,6 +15,7 @@ namespace {
 constexpr size_t kMaxIdle = 4;                 // the writer, the loader, and a spare or two
 constexpr size_t kMaxKnown = size_t{1} << 20;  // ~64 MiB of hashes at most
 constexpr std::chrono::milliseconds kFirstBackoff{100}, kMaxBackoff{5000};
+constexpr std::chrono::milliseconds kFirstWritePause{1000}, kMaxWritePause{60000};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const {
@@ -92,10 +94,33 @@ std::string Redacted(const std::string& url) {
   return url.substr(0, start + 3) + "***" + url.substr(at);
 }
 
+// RFC 3986 percent-decoding; nullopt on a '%' not followed by two hex digits.
+std::optional<std::string> PercentDecoded(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out.push_back(s[i]);
+      continue;
+    }
+    if (i + 2 >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      return std::nullopt;
+    }
+    int value = 0;
+    std::from_chars(s.data() + i + 1, s.data() + i + 3, value, 16);
+    out.push_back(static_cast<char>(value));
+    i += 2;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string RedisEndpoint::Display() const {
-  return "redis://" + host + ":" + std::to_string(port) + "/" + std::to_string(db);
+  const bool v6 = host.find(':') != std::string::npos;
+  return "redis://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port) + "/" +
+         std::to_string(db);
 }
 
 Expected<RedisEndpoint> ParseRedisUrl(const std::string& url) {
@@ -114,13 +139,23 @@ Expected<RedisEndpoint> ParseRedisUrl(const std::string& url) {
   if (const size_t at = rest.rfind('@'); at != std::string_view::npos) {
     const std::string_view info = rest.substr(0, at);
     rest = rest.substr(at + 1);
+    // User info is percent-encoded (RFC 3986): a password holding '@', ':' or '/' is written
+    // %40, %3A, %2F, as redis-py and the other REDIS_URL readers expect.
     const size_t colon = info.find(':');
+    std::optional<std::string> user, password;
     if (colon == std::string_view::npos) {
-      e.password = std::string(info);  // redis://PASSWORD@HOST, as some clients accept
+      user = "";
+      password = PercentDecoded(info);  // redis://PASSWORD@HOST, as some clients accept
     } else {
-      e.user = std::string(info.substr(0, colon));
-      e.password = std::string(info.substr(colon + 1));
+      user = PercentDecoded(info.substr(0, colon));
+      password = PercentDecoded(info.substr(colon + 1));
     }
+    if (!user || !password) {
+      return Status::Error("--kv-redis " + Redacted(url) +
+                           ": bad percent-encoding in the user or password (write '%' as %25)");
+    }
+    e.user = std::move(*user);
+    e.password = std::move(*password);
   }
   std::string_view hostport = rest;
   if (const size_t slash = rest.find('/'); slash != std::string_view::npos) {
@@ -131,14 +166,31 @@ Expected<RedisEndpoint> ParseRedisUrl(const std::string& url) {
                            std::string(db) + "'");
     }
   }
-  if (const size_t colon = hostport.rfind(':'); colon != std::string_view::npos) {
-    if (!ParseInt(hostport.substr(colon + 1), &e.port) || e.port < 1 || e.port > 65535) {
-      return Status::Error("--kv-redis " + Redacted(url) + ": the port must be 1-65535");
+  std::string_view host = hostport, port;
+  if (!hostport.empty() && hostport.front() == '[') {  // an IPv6 address: [::1]:6379
+    const size_t close = hostport.find(']');
+    if (close == std::string_view::npos ||
+        (close + 1 < hostport.size() && hostport[close + 1] != ':')) {
+      return Status::Error("--kv-redis " + Redacted(url) +
+                           ": expected an IPv6 address as [ADDRESS] or [ADDRESS]:PORT");
     }
-    hostport = hostport.substr(0, colon);
+    host = hostport.substr(1, close - 1);
+    if (close + 1 < hostport.size()) port = hostport.substr(close + 2);
+    if (close + 1 < hostport.size() && port.empty()) port = "x";  // "[::1]:" has no port
+  } else if (const size_t colon = hostport.rfind(':'); colon != std::string_view::npos) {
+    if (hostport.find(':') != colon) {
+      return Status::Error("--kv-redis " + Redacted(url) +
+                           ": write an IPv6 address in brackets, redis://[ADDRESS]:PORT");
+    }
+    host = hostport.substr(0, colon);
+    port = hostport.substr(colon + 1);
+    if (port.empty()) port = "x";
   }
-  if (hostport.empty()) return Status::Error("--kv-redis: no host in the URL");
-  e.host = std::string(hostport);
+  if (!port.empty() && (!ParseInt(port, &e.port) || e.port < 1 || e.port > 65535)) {
+    return Status::Error("--kv-redis " + Redacted(url) + ": the port must be 1-65535");
+  }
+  if (host.empty()) return Status::Error("--kv-redis " + Redacted(url) + ": no host in the URL");
+  e.host = std::string(host);
   return e;
 }
 
@@ -307,6 +359,12 @@ bool RedisBlockStore::Contains(const BlockHash& hash) const {
 
 Status RedisBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file) {
   std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (write_refusal_.count() > 0 && Clock::now() < writes_retry_at_) {
+      return Status::Error("redis refuses writes (" + write_refusal_reason_ + "); retrying later");
+    }
+  }
   redisContext* c = Acquire(&why);
   if (!c) return Status::Error(why);
   const std::string key = KeyOf(hash);
@@ -320,12 +378,34 @@ Status RedisBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file
     return Status::Error(why);
   }
   Release(c, true, "");
-  if (r->type == REDIS_REPLY_ERROR) {  // e.g. OOM under maxmemory with noeviction
+  if (r->type == REDIS_REPLY_ERROR) {
+    // Refused (OOM under maxmemory with noeviction, NOPERM, READONLY on a replica): the next
+    // write would be refused too. Writes pause (1 s doubling to 60 s) instead of sending every
+    // block to be refused; one log line when they pause, one when they are taken again.
     ++errors_;
-    return Status::Error(std::string("SET: ") + (r->str ? r->str : "error"));
+    const std::string reason = r->str ? r->str : "error";
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool first = write_refusal_.count() == 0;
+    write_refusal_ = first ? kFirstWritePause : std::min(write_refusal_ * 2, kMaxWritePause);
+    writes_retry_at_ = Clock::now() + write_refusal_;
+    write_refusal_reason_ = reason;
+    if (first) {
+      KVS_LOG_WARN("kv redis: %s refuses writes (%s): blocks are not written, retried every "
+                   "%lld s at most",
+                   config_.endpoint.Display().c_str(), reason.c_str(),
+                   static_cast<long long>(kMaxWritePause.count() / 1000));
+    }
+    return Status::Error("SET: " + reason);
   }
   bytes_written_ += static_cast<int64_t>(file.size());
   Remember(hash, true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (write_refusal_.count() > 0) {
+      write_refusal_ = std::chrono::milliseconds(0);
+      KVS_LOG_INFO("kv redis: %s takes writes again", config_.endpoint.Display().c_str());
+    }
+  }
   return Status::Ok();
 }
 
@@ -341,58 +421,81 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
     misses_ += static_cast<int64_t>(hashes.size());
     return out;
   }
-  // One round trip: every GET goes out before the first reply is read.
+  // One round trip: every command goes out before the first reply is read. STRLEN first, so
+  // that a huge value under a block's key (someone else's, or a broken writer's) is never read:
+  // GETRANGE reads at most a block file's bound.
+  const std::string last =
+      config_.max_value_bytes > 0 ? std::to_string(config_.max_value_bytes - 1) : "-1";
   for (const BlockHash& hash : hashes) {
     const std::string key = KeyOf(hash);
-    const char* argv[2] = {"GET", key.c_str()};
-    const size_t lens[2] = {3, key.size()};
-    redisAppendCommandArgv(c, 2, argv, lens);
+    const char* strlen_argv[2] = {"STRLEN", key.c_str()};
+    const size_t strlen_lens[2] = {6, key.size()};
+    redisAppendCommandArgv(c, 2, strlen_argv, strlen_lens);
+    const char* range_argv[4] = {"GETRANGE", key.c_str(), "0", last.c_str()};
+    const size_t range_lens[4] = {8, key.size(), 1, last.size()};
+    redisAppendCommandArgv(c, 4, range_argv, range_lens);
   }
   bool ok = true;
   // One deadline for the batch: a slow or trickling server costs at most the timeout.
   const auto deadline = Clock::now() + std::chrono::milliseconds(config_.timeout_ms);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    StoredBlock& b = out[i];
+  const auto next = [&]() -> Reply {
     bool timed_out = false;
     Reply r(ok ? ReplyBefore(c, deadline, &timed_out) : nullptr);
-    if (!r) {
-      if (ok) why = "GET: " + ConnectionError(c);
+    if (!r && ok) {
+      why = "GET: " + ConnectionError(c);
       ok = false;
+    }
+    return r;
+  };
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    StoredBlock& b = out[i];
+    Reply length = next();
+    Reply value = next();  // read even when STRLEN settles it: the replies stay in step
+    if (!length || !value) {
       b.state = StoredBlock::State::kUnavailable;
       b.error = why;
       ++misses_;
       continue;
     }
-    if (r->type == REDIS_REPLY_STRING) {
-      b.state = StoredBlock::State::kFound;
-      // As bytes (a char range would be copied element by element, converting).
-      const auto* data = reinterpret_cast<const uint8_t*>(r->str);
-      b.bytes.assign(data, data + r->len);
-      bytes_read_ += static_cast<int64_t>(r->len);
-      ++hits_;
-      Remember(hashes[i], true);
-    } else if (r->type == REDIS_REPLY_NIL) {
-      b.state = StoredBlock::State::kAbsent;
-      ++misses_;
-      Remember(hashes[i], false);
-    } else if (r->type == REDIS_REPLY_ERROR &&
-               std::string_view(r->str ? r->str : "").rfind("WRONGTYPE", 0) != 0) {
-      // Refused (NOPERM: an ACL without these keys or GET; BUSY: a script runs): the store
-      // cannot be asked now; the block is not at fault, so it stays. Logged once.
+    const redisReply* error = length->type == REDIS_REPLY_ERROR  ? length.get()
+                              : value->type == REDIS_REPLY_ERROR ? value.get()
+                                                                 : nullptr;
+    if (error && std::string_view(error->str ? error->str : "").rfind("WRONGTYPE", 0) != 0) {
+      // Refused (NOPERM: an ACL without these keys or commands; BUSY: a script runs): the
+      // store cannot be asked now; the block is not at fault, so it stays. Logged once.
       b.state = StoredBlock::State::kUnavailable;
-      b.error = std::string("redis: ") + (r->str ? r->str : "error");
+      b.error = std::string("redis: ") + (error->str ? error->str : "error");
       ++misses_;
       ++errors_;
       if (!refusal_logged_.exchange(true)) {
         KVS_LOG_WARN("kv redis: %s refuses lookups (%s): they miss (logged once)",
-                     config_.endpoint.Display().c_str(), r->str ? r->str : "error");
+                     config_.endpoint.Display().c_str(), error->str ? error->str : "error");
       }
-    } else {
-      // WRONGTYPE, or a reply that is not a string: something else lives under the block's key.
+    } else if (error || length->type != REDIS_REPLY_INTEGER ||
+               value->type != REDIS_REPLY_STRING) {
+      // WRONGTYPE, or replies of other shapes: something else lives under the block's key.
       b.state = StoredBlock::State::kUnreadable;
-      b.error = std::string("redis: ") +
-                (r->type == REDIS_REPLY_ERROR && r->str ? r->str : "a value that is not a string");
+      b.error = std::string("redis: ") + (error && error->str ? error->str : "a value that is not a string");
       ++misses_;
+    } else if (config_.max_value_bytes > 0 && length->integer > config_.max_value_bytes) {
+      b.state = StoredBlock::State::kUnreadable;
+      b.error = StrFormat("redis: a value of %lld bytes, larger than any block file can be (%lld)",
+                          static_cast<long long>(length->integer),
+                          static_cast<long long>(config_.max_value_bytes));
+      ++misses_;
+    } else if (value->len == 0) {
+      // No key (or an empty value, which no block file is: rewritten when recomputed).
+      b.state = StoredBlock::State::kAbsent;
+      ++misses_;
+      Remember(hashes[i], false);
+    } else {
+      b.state = StoredBlock::State::kFound;
+      // As bytes (a char range would be copied element by element, converting).
+      const auto* data = reinterpret_cast<const uint8_t*>(value->str);
+      b.bytes.assign(data, data + value->len);
+      bytes_read_ += static_cast<int64_t>(value->len);
+      ++hits_;
+      Remember(hashes[i], true);
     }
   }
   Release(c, ok, why);

@@ -50,6 +50,9 @@ struct RedisStoreConfig {
   std::string key_namespace = "kvserve";  // letters, digits, '_', '-', '.', ':' only
   int64_t ttl_seconds = 0;                // 0: keys do not expire (maxmemory evicts them)
   int64_t timeout_ms = 500;               // connect and every command
+  // The most bytes a value may have to be one of this pool's block files; a larger value under
+  // a block's key is never read (unreadable, erased). 0: no bound.
+  int64_t max_value_bytes = 0;
 };
 
 struct RedisStoreStats {
@@ -109,6 +112,11 @@ class RedisBlockStore final : public BlockStore {
   std::atomic<int64_t> reconnects_{0};
   std::atomic<bool> up_{false};
   std::atomic<bool> refusal_logged_{false};  // a lookup refused by an error reply was logged
+  // Writes Redis refused (an error reply, e.g. OOM): paused for write_refusal_ (0: not
+  // refused), until writes_retry_at_.
+  std::chrono::milliseconds write_refusal_{0};
+  Clock::time_point writes_retry_at_{};
+  std::string write_refusal_reason_;
 };
 
 }  // namespace kvs
