@@ -481,5 +481,46 @@ TEST(KvTier, BlocksThatLeftRamComeBackFromDisk) {
   }
 }
 
+TEST(KvTier, APromptThatWaitsForRoomIsLoadedOnceRoomFreesUp) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const KvTypes f16{KvType::kF16, KvType::kF16};
+  const auto prompts = Prompts(*model, 4);
+  const auto cold = Cold(*model, f16, {prompts[0]});
+  TempDir dir;
+  TierEngine e(*model, f16, dir.path(), 13);  // 12 usable blocks
+  ASSERT_TRUE(e.ok());
+  e.Serve({prompts[0]});
+  e.Serve({prompts[1], prompts[2], prompts[3]});  // prompt 0 leaves RAM; its 4 blocks stay on disk
+  e.engine().tier()->WaitForWrites(10000);
+  // A long answer takes every block of the pool ...
+  RequestOptions long_answer;
+  long_answer.max_tokens = 120;  // 70 + 120 tokens: all 12 blocks
+  long_answer.sampling.temperature = 0;
+  int32_t produced = 0;
+  ASSERT_TRUE(e.engine()
+                  .Submit(prompts[1], long_answer, [&](const TokenEvent& ev) {
+                    if (ev.token >= 0) ++produced;
+                  })
+                  .ok());
+  for (int i = 0; i < 10000 && produced < 112; ++i) ASSERT_TRUE(e.engine().Step().ok());
+  ASSERT_EQ(e.engine().kv().num_free_blocks(), 0);
+  // ... while prompt 0 arrives: no block to load into now; it waits, and loads once there is.
+  RequestOptions o;
+  o.max_tokens = 8;
+  o.sampling.temperature = 0;
+  std::vector<int32_t> out;
+  int32_t disk = -1;
+  ASSERT_TRUE(e.engine()
+                  .Submit(prompts[0], o, [&](const TokenEvent& ev) {
+                    if (ev.token >= 0) out.push_back(ev.token);
+                    if (disk < 0) disk = ev.disk_tokens;
+                  })
+                  .ok());
+  for (int i = 0; i < 10000 && e.engine().HasWork(); ++i) ASSERT_TRUE(e.engine().Step().ok());
+  EXPECT_EQ(out, cold[0]);
+  EXPECT_EQ(disk, 64);
+}
+
 }  // namespace
 }  // namespace kvs

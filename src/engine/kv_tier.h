@@ -3,7 +3,8 @@
 // BlockStore. Full blocks the prefix cache indexes go to the store keyed by their chain hash, and
 // a prompt whose prefix chain continues past the RAM pool into a store has those blocks loaded
 // into fresh pool blocks instead of recomputed. Tiers are asked in order (RAM, disk, Redis): a
-// tier probes a waiting sequence once the tiers above it have loaded what they hold.
+// tier probes a waiting sequence once the tiers above it have loaded what they hold, and again
+// at every step while the pool has no free block to load into.
 //
 // A store that knows its contents (the disk's index) is asked which blocks it holds before any
 // pool block is taken. A remote store (Redis) would cost the step a round trip to ask, so its
