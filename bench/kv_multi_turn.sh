@@ -11,6 +11,7 @@
 # over the replicas. Both replicas share this machine's cores, so the figures are hit rates and
 # TTFT, not throughput scaling. Replicas and Redis restart empty for every setup and round.
 #   usage: bench/kv_multi_turn.sh MODEL.gguf [ROUNDS=1] [USER_TOKENS=64] [GEN=32] [THREADS=1]
+# Environment: SETUPS="hash+redis rr" runs only those; KEEP=DIR keeps each run's bench JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -ge 1 ]] || { echo "usage: $0 MODEL.gguf [ROUNDS] [USER_TOKENS] [GEN] [THREADS]" >&2; exit 2; }
@@ -63,12 +64,20 @@ run_setup() {  # $1 setup name, $2 round -> one JSON line on stdout
   build/kvserve bench serve --url "http://127.0.0.1:$lb" --workload multi-turn \
     --conversations $CONVERSATIONS --turns $TURNS --prompt-tokens "$USER" --gen-tokens "$GEN" \
     --seed $((round + 7)) "${header[@]}" --json >"$TMP/bench.json"
-  local r1 r2 q1 q2
+  local r1 r2 q1 q2 e1 e2
   r1=$(metric "$p1" kv_redis_hits_total) r2=$(metric "$p2" kv_redis_hits_total)
   q1=$(metric "$p1" request_success_total) q2=$(metric "$p2" request_success_total)
-  python3 - "$name" "$round" "$TMP/bench.json" "${r1:-0}" "${r2:-0}" "${q1:-0}" "${q2:-0}" <<'PY'
+  e1=$(metric "$p1" num_preemptions_total) e2=$(metric "$p2" num_preemptions_total)
+  if [ -n "${KEEP:-}" ]; then
+    cp "$TMP/bench.json" "$KEEP/$name.$round.json"
+    curl -s "http://127.0.0.1:$p1/metrics" >"$KEEP/$name.$round.metrics1"
+    curl -s "http://127.0.0.1:$p2/metrics" >"$KEEP/$name.$round.metrics2"
+    cp "$TMP/$name.replica.log" "$KEEP/$name.$round.log"
+  fi
+  python3 - "$name" "$round" "$TMP/bench.json" "${r1:-0}" "${r2:-0}" "${q1:-0}" "${q2:-0}" \
+    "${e1:-0}" "${e2:-0}" <<'PY'
 import json, sys
-name, rnd, path, r1, r2, q1, q2 = sys.argv[1:]
+name, rnd, path, r1, r2, q1, q2, e1, e2 = sys.argv[1:]
 b = json.load(open(path))
 print(json.dumps({"setup": name, "round": int(rnd), "errors": b["errors"],
                   "prefix_hit_rate": round(b["prefix_hit_rate"], 4),
@@ -78,6 +87,7 @@ print(json.dumps({"setup": name, "round": int(rnd), "errors": b["errors"],
                   "after_first_turn_ttft_mean_ms": round(b["after_first_turn"]["ttft_ms"]["mean"], 1),
                   "redis_blocks_loaded": int(float(r1)) + int(float(r2)),
                   "requests_per_replica": [int(float(q1)), int(float(q2))],
+                  "preemptions": int(float(e1)) + int(float(e2)),
                   "wall_s": round(b["wall_s"], 1)}))
 PY
   stop_all
@@ -86,7 +96,7 @@ PY
 echo "model $MODEL, $CONVERSATIONS chats x $TURNS turns, user turns of $USER tokens, $GEN generated," \
   "replicas -t $THREADS -np 4 -c $CTX, $ROUNDS round(s)" >&2
 for round in $(seq 1 "$ROUNDS"); do
-  for setup in hash+redis rr hash rr+redis; do
+  for setup in ${SETUPS:-hash+redis rr hash rr+redis}; do
     echo "round $round: $setup" >&2
     run_setup "$setup" "$round"
   done
