@@ -130,9 +130,8 @@ TEST(BlockLoader, ASlowStoreKeepsTheBlocksReadBeforeTheDeadlineAndAsksNoMore) {
   LoadJob job = StoredChain(store, 40, 1);
   job.deadline = Clock::now() + std::chrono::milliseconds(100);
   store.SlowUntil(job.deadline + std::chrono::milliseconds(1));  // the first batch ends past it
-  BlockLoader loader(store, Identity(), [](BlockId, std::span<const uint8_t>) {
-    return Status::Ok();
-  });
+  BlockLoader loader(store, Identity(),
+                     [](BlockId, std::span<const uint8_t>) { return Status::Ok(); });
   loader.Submit(std::move(job));
   const LoadResult r = WaitFor(loader);
   EXPECT_EQ(r.n_loaded, 16);  // the one batch that was asked for
@@ -150,9 +149,8 @@ TEST(BlockLoader, AJobQueuedPastItsDeadlineLoadsNothingAndAsksNothing) {
   const auto now = Clock::now();
   second.deadline = now + std::chrono::milliseconds(50);
   store.SlowUntil(second.deadline + std::chrono::milliseconds(1));  // the first job outlasts it
-  BlockLoader loader(store, Identity(), [](BlockId, std::span<const uint8_t>) {
-    return Status::Ok();
-  });
+  BlockLoader loader(store, Identity(),
+                     [](BlockId, std::span<const uint8_t>) { return Status::Ok(); });
   loader.Submit(std::move(first));
   loader.Submit(std::move(second));
   std::vector<LoadResult> results;

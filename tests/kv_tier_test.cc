@@ -499,9 +499,10 @@ TEST(KvTier, APromptThatWaitsForRoomIsLoadedOnceRoomFreesUp) {
   long_answer.sampling.temperature = 0;
   int32_t produced = 0;
   ASSERT_TRUE(e.engine()
-                  .Submit(prompts[1], long_answer, [&](const TokenEvent& ev) {
-                    if (ev.token >= 0) ++produced;
-                  })
+                  .Submit(prompts[1], long_answer,
+                          [&](const TokenEvent& ev) {
+                            if (ev.token >= 0) ++produced;
+                          })
                   .ok());
   for (int i = 0; i < 10000 && produced < 112; ++i) ASSERT_TRUE(e.engine().Step().ok());
   ASSERT_EQ(e.engine().kv().num_free_blocks(), 0);
@@ -512,10 +513,11 @@ TEST(KvTier, APromptThatWaitsForRoomIsLoadedOnceRoomFreesUp) {
   std::vector<int32_t> out;
   int32_t disk = -1;
   ASSERT_TRUE(e.engine()
-                  .Submit(prompts[0], o, [&](const TokenEvent& ev) {
-                    if (ev.token >= 0) out.push_back(ev.token);
-                    if (disk < 0) disk = ev.disk_tokens;
-                  })
+                  .Submit(prompts[0], o,
+                          [&](const TokenEvent& ev) {
+                            if (ev.token >= 0) out.push_back(ev.token);
+                            if (disk < 0) disk = ev.disk_tokens;
+                          })
                   .ok());
   for (int i = 0; i < 10000 && e.engine().HasWork(); ++i) ASSERT_TRUE(e.engine().Step().ok());
   EXPECT_EQ(out, cold[0]);

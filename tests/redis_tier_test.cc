@@ -341,13 +341,11 @@ TEST(RedisBlockStore, RefusedWritesPauseInsteadOfResendingEveryBlock) {
   EXPECT_EQ(store->stats().errors, errors);
   EXPECT_EQ(store->stats().bytes_written, 0);
   EXPECT_TRUE(store->stats().up);  // refused writes are not an outage: lookups go on
-  EXPECT_EQ(store->GetMany(std::vector<BlockHash>{Hash(1)})[0].state,
-            StoredBlock::State::kAbsent);
+  EXPECT_EQ(store->GetMany(std::vector<BlockHash>{Hash(1)})[0].state, StoredBlock::State::kAbsent);
   freeReplyObject(server.Command({"CONFIG", "SET", "maxmemory", "0"}));
   // After the pause (1 s at first) writes are taken again.
   EXPECT_TRUE(Eventually([&] { return store->Put(Hash(1), Bytes(100, 1)).ok(); }));
-  EXPECT_EQ(store->GetMany(std::vector<BlockHash>{Hash(1)})[0].state,
-            StoredBlock::State::kFound);
+  EXPECT_EQ(store->GetMany(std::vector<BlockHash>{Hash(1)})[0].state, StoredBlock::State::kFound);
 }
 
 TEST(RedisBlockStore, ALookupTheServerRefusesIsAMissNotADamagedBlock) {

@@ -87,8 +87,8 @@ Expected<std::unique_ptr<KvTier>> KvTier::OpenRedis(const KvRedisConfig& config,
   rc.key_namespace = config.key_namespace;
   rc.ttl_seconds = config.ttl_seconds;
   rc.timeout_ms = config.timeout_ms;
-  rc.max_value_bytes = static_cast<int64_t>(
-      MaxBlockFileBytes(identity, storage.geometry().BytesPerBlock()));
+  rc.max_value_bytes =
+      static_cast<int64_t>(MaxBlockFileBytes(identity, storage.geometry().BytesPerBlock()));
   auto store = RedisBlockStore::Open(rc);
   if (!store.ok()) return store.status();
   KvTierConfig c;
@@ -219,9 +219,10 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     loaded_tokens_ += int64_t{r.n_loaded} * bs;
     load_ns_ += static_cast<int64_t>(r.seconds * 1e9);
     if (r.deadline_passed && load_deadlines_++ == 0) {
-      KVS_LOG_WARN("kv %.*s: a load ran past its deadline (the store answers slower than "
-                   "computing the tokens would): the rest was computed (logged once)",
-                   static_cast<int>(store_->name().size()), store_->name().data());
+      KVS_LOG_WARN(
+          "kv %.*s: a load ran past its deadline (the store answers slower than "
+          "computing the tokens would): the rest was computed (logged once)",
+          static_cast<int>(store_->name().size()), store_->name().data());
     }
     if (r.corrupt) {
       KVS_LOG_WARN(
@@ -281,9 +282,8 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     if (redis_) {
       // Worth waiting for only while faster than computing: a slow store (or a load queued
       // behind one) must not hold the sequence longer than its prefill would take.
-      const double budget_s =
-          std::max(static_cast<double>(redis_->config().timeout_ms) / 1e3,
-                   compute_seconds_per_token * static_cast<double>(take) * bs);
+      const double budget_s = std::max(static_cast<double>(redis_->config().timeout_ms) / 1e3,
+                                       compute_seconds_per_token * static_cast<double>(take) * bs);
       job.deadline = std::chrono::steady_clock::now() +
                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                          std::chrono::duration<double>(budget_s));

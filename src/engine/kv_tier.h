@@ -91,8 +91,8 @@ struct KvTierStats {
   int64_t blocks_stored = 0;
   int64_t loaded_tokens = 0;
   int64_t load_deadlines = 0;  // loads ended at their deadline (a store slower than computing)
-  double load_seconds = 0;  // the loader's busy time (bytes_read / load_seconds: its read rate)
-  bool failed = false;      // the tier turned itself off (a full, read-only or vanished directory)
+  double load_seconds = 0;     // the loader's busy time (bytes_read / load_seconds: its read rate)
+  bool failed = false;  // the tier turned itself off (a full, read-only or vanished directory)
 };
 
 class RedisBlockStore;

@@ -46,8 +46,8 @@ struct LoadResult {
   int32_t missing = 0;     // 0 or 1: the block that ended the job was not stored (or the store
                            // could not be asked)
   bool deadline_passed = false;  // the job ended at its deadline
-  std::string error;       // why the job ended early
-  double seconds = 0;      // spent reading, checking and copying
+  std::string error;             // why the job ended early
+  double seconds = 0;            // spent reading, checking and copying
 };
 
 class BlockLoader {

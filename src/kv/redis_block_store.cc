@@ -390,10 +390,11 @@ Status RedisBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file
     writes_retry_at_ = Clock::now() + write_refusal_;
     write_refusal_reason_ = reason;
     if (first) {
-      KVS_LOG_WARN("kv redis: %s refuses writes (%s): blocks are not written, retried every "
-                   "%lld s at most",
-                   config_.endpoint.Display().c_str(), reason.c_str(),
-                   static_cast<long long>(kMaxWritePause.count() / 1000));
+      KVS_LOG_WARN(
+          "kv redis: %s refuses writes (%s): blocks are not written, retried every "
+          "%lld s at most",
+          config_.endpoint.Display().c_str(), reason.c_str(),
+          static_cast<long long>(kMaxWritePause.count() / 1000));
     }
     return Status::Error("SET: " + reason);
   }
@@ -471,11 +472,11 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
         KVS_LOG_WARN("kv redis: %s refuses lookups (%s): they miss (logged once)",
                      config_.endpoint.Display().c_str(), error->str ? error->str : "error");
       }
-    } else if (error || length->type != REDIS_REPLY_INTEGER ||
-               value->type != REDIS_REPLY_STRING) {
+    } else if (error || length->type != REDIS_REPLY_INTEGER || value->type != REDIS_REPLY_STRING) {
       // WRONGTYPE, or replies of other shapes: something else lives under the block's key.
       b.state = StoredBlock::State::kUnreadable;
-      b.error = std::string("redis: ") + (error && error->str ? error->str : "a value that is not a string");
+      b.error = std::string("redis: ") +
+                (error && error->str ? error->str : "a value that is not a string");
       ++misses_;
     } else if (config_.max_value_bytes > 0 && length->integer > config_.max_value_bytes) {
       b.state = StoredBlock::State::kUnreadable;
