@@ -167,7 +167,10 @@ TEST(Attention, AQuerysOutputDoesNotDependOnItsNeighbours) {
 TEST(Attention, StableForPeakedScores) {
   // Scores in the hundreds: a naive exp overflows; the online max must keep everything finite.
   TestHead head(64, 64, 200, 7, /*key_scale=*/30.0f);
-  EXPECT_LT(MaxError(head, {200, 150, 64, 3, 199}, 8, /*q_scale=*/3.0f), kTolerance);
+  // A score near 300 is held to f32's ulp there (3e-5), and exp carries that into the weights:
+  // two correct summation orders differ by that much (the scalar build's kernel and its twin
+  // do, by 2.5e-5), so the bound is 1e-4 here rather than kTolerance.
+  EXPECT_LT(MaxError(head, {200, 150, 64, 3, 199}, 8, /*q_scale=*/3.0f), 1e-4);
 }
 
 TEST(Attention, EqualKeysAverageTheValues) {
