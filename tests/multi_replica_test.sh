@@ -317,7 +317,8 @@ for i in 1 2 3 4 5 6 7 8; do
 done
 [ $bad = 0 ] && pass "8 of 8 requests returned HTTP 200 with $M tokens across the kill (4 started after it)" ||
   fail "$bad of 8 requests failed across the Redis kill"
-# A replica that was sent a request after the kill found Redis gone.
+# A replica that was sent a request after the kill found Redis gone (at least one was).
+[ ${#after_kill[@]} -gt 0 ] || fail "no request reached a replica after the kill"
 for r in kvserve1:$R1_PORT kvserve2:$R2_PORT; do
   [[ " ${after_kill[*]} " == *" ${r%%:*} "* ]] || continue
   down() { [ "$(metric "${r#*:}" kv_redis_up)" = 0 ]; }

@@ -108,7 +108,9 @@ TEST(RedisUrl, DecodesPercentEncodedCredentialsAndReadsBracketedIpv6) {
   EXPECT_EQ(v6_default->host, "fe80::2");
   EXPECT_EQ(v6_default->port, 6379);
   for (const char* bad : {"redis://u:bad%zzsecret@h:1", "redis://u:secret%4@h", "redis://::1:7000",
-                          "redis://[::1", "redis://[::1]x", "redis://[::1]:", "redis://h:"}) {
+                          "redis://[::1", "redis://[::1]x", "redis://[::1]:", "redis://h:",
+                          "u:secret@h:1", ":secret@h", "redis:/u:secret@h", "redis://h:1/0?timeout=1",
+                          "redis://u:secret@h/0#x"}) {
     auto r = ParseRedisUrl(bad);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().find("secret"), std::string::npos) << r.error();
@@ -176,6 +178,14 @@ TEST(RedisBlockStore, ARefusedPasswordFailsAtOpenAndIsNeverPrinted) {
   auto store = RedisBlockStore::Open(c);
   ASSERT_TRUE(store.ok()) << store.error();
   EXPECT_TRUE((*store)->Put(Hash(1), Bytes(8, 1)).ok());
+  // A password for a Redis that has none is refused too (every AUTH would fail): an error now,
+  // not a tier that never comes up.
+  RedisServer open_server;
+  REQUIRE_REDIS(open_server);
+  c.endpoint = *ParseRedisUrl("redis://:some-pw@127.0.0.1:" + std::to_string(open_server.port()));
+  auto unexpected = RedisBlockStore::Open(c);
+  ASSERT_FALSE(unexpected.ok());
+  EXPECT_EQ(unexpected.error().find("some-pw"), std::string::npos) << unexpected.error();
 }
 
 TEST(RedisBlockStore, DownAtStartMissesFastThenServesOnceUp) {
@@ -276,6 +286,51 @@ TEST(RedisBlockStore, ATricklingServerTimesOutOnTheWholeReply) {
   const auto t0 = Clock::now();
   EXPECT_EQ(store->GetMany(ask)[0].state, StoredBlock::State::kUnavailable);
   EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000));
+  EXPECT_FALSE(store->stats().up);
+  stop = true;
+  ::shutdown(listener, SHUT_RDWR);
+  server.join();
+  ::close(listener);
+}
+
+TEST(RedisBlockStore, ARedisThatAnswersPingButNotGetsStaysDownInsteadOfFlapping) {
+  // Every connection: PING answered at once, the GETs' reply trickled past the timeout.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::listen(listener, 8);
+  std::atomic<bool> stop{false};
+  std::atomic<int> connections{0};
+  std::thread server([&] {
+    while (!stop) {
+      const int fd = ::accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      ++connections;
+      char buf[4096];
+      (void)::read(fd, buf, sizeof buf);  // PING
+      (void)::send(fd, "+PONG\r\n", 7, MSG_NOSIGNAL);
+      (void)::read(fd, buf, sizeof buf);  // the lookups
+      (void)::send(fd, ":100000\r\n$100000\r\n", 19, MSG_NOSIGNAL);
+      while (!stop && ::send(fd, "x", 1, MSG_NOSIGNAL) == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the server's pace
+      }
+      ::close(fd);
+    }
+  });
+  auto store = OpenStore("redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
+                         /*timeout_ms=*/150);
+  ASSERT_NE(store, nullptr);
+  const std::vector<BlockHash> ask = {Hash(1)};
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(Eventually([&] { return store->Available(); }));  // the backoff passed
+    EXPECT_EQ(store->GetMany(ask)[0].state, StoredBlock::State::kUnavailable);
+  }
+  EXPECT_GE(connections.load(), 3);  // it did reconnect (and PING worked) each time
+  EXPECT_EQ(store->stats().reconnects, 0);  // but never counted as up again
   EXPECT_FALSE(store->stats().up);
   stop = true;
   ::shutdown(listener, SHUT_RDWR);

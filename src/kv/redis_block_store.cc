@@ -88,9 +88,11 @@ std::string ConnectionError(const redisContext* c) {
 
 // The URL as a log line may show it: user info (a password) replaced by "***".
 std::string Redacted(const std::string& url) {
-  const size_t start = url.find("://");
   const size_t at = url.rfind('@');
-  if (start == std::string::npos || at == std::string::npos || at < start) return url;
+  if (at == std::string::npos) return url;
+  const size_t start = url.find("://");
+  // Without a scheme (a mistyped URL) everything before the '@' may be the password.
+  if (start == std::string::npos || at < start) return "***" + url.substr(at);
   return url.substr(0, start + 3) + "***" + url.substr(at);
 }
 
@@ -157,6 +159,11 @@ Expected<RedisEndpoint> ParseRedisUrl(const std::string& url) {
     e.user = std::move(*user);
     e.password = std::move(*password);
   }
+  if (rest.find_first_of("?#") != std::string_view::npos) {
+    return Status::Error("--kv-redis " + Redacted(url) +
+                         ": URL options (?...) are not supported; use --kv-redis-timeout-ms and "
+                         "--kv-redis-password-file");
+  }
   std::string_view hostport = rest;
   if (const size_t slash = rest.find('/'); slash != std::string_view::npos) {
     hostport = rest.substr(0, slash);
@@ -222,6 +229,7 @@ Expected<std::unique_ptr<RedisBlockStore>> RedisBlockStore::Open(const RedisStor
                          why.find("NOPERM") != std::string::npos ||
                          why.find("invalid password") != std::string::npos ||
                          why.find("invalid username") != std::string::npos ||
+                         why.find("without any password configured") != std::string::npos ||
                          why.find("DB index") != std::string::npos;
     if (refused) {
       return Status::Error("kv redis: " + config.endpoint.Display() + ": " + why);
@@ -290,12 +298,20 @@ redisContext* RedisBlockStore::Acquire(std::string* why) {
   }
   Reply r = Command(c, config_.timeout_ms, {"PING"});
   if (!r || r->type == REDIS_REPLY_ERROR) return fail("PING", r);
-  MarkUp();
+  // Up only once a command on it succeeds (Release): a Redis that answers PING but times out
+  // on every GET would otherwise flap up and down, a log line each way, at every load.
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = !ever_up_;
+  }
+  if (first) MarkUp();  // the first connection: "connected"
   return c;
 }
 
 void RedisBlockStore::Release(redisContext* c, bool ok, const std::string& why) {
   if (ok) {
+    MarkUp();
     std::lock_guard<std::mutex> lock(mu_);
     if (idle_.size() < kMaxIdle) {
       idle_.push_back(c);
@@ -329,6 +345,7 @@ void RedisBlockStore::MarkDown(const std::string& why) {
 }
 
 void RedisBlockStore::MarkUp() {
+  if (up_.load()) return;  // already up: the common case, no lock
   up_ = true;
   std::lock_guard<std::mutex> lock(mu_);
   backoff_ = std::chrono::milliseconds(0);
