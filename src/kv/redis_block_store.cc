@@ -173,7 +173,8 @@ Expected<RedisEndpoint> ParseRedisUrl(const std::string& url) {
                            std::string(db) + "'");
     }
   }
-  std::string_view host = hostport, port;
+  std::string_view host = hostport;
+  std::optional<std::string_view> port;  // what follows the host's ':', if there is one
   if (!hostport.empty() && hostport.front() == '[') {  // an IPv6 address: [::1]:6379
     const size_t close = hostport.find(']');
     if (close == std::string_view::npos ||
@@ -183,7 +184,6 @@ Expected<RedisEndpoint> ParseRedisUrl(const std::string& url) {
     }
     host = hostport.substr(1, close - 1);
     if (close + 1 < hostport.size()) port = hostport.substr(close + 2);
-    if (close + 1 < hostport.size() && port.empty()) port = "x";  // "[::1]:" has no port
   } else if (const size_t colon = hostport.rfind(':'); colon != std::string_view::npos) {
     if (hostport.find(':') != colon) {
       return Status::Error("--kv-redis " + Redacted(url) +
@@ -191,9 +191,8 @@ Expected<RedisEndpoint> ParseRedisUrl(const std::string& url) {
     }
     host = hostport.substr(0, colon);
     port = hostport.substr(colon + 1);
-    if (port.empty()) port = "x";
   }
-  if (!port.empty() && (!ParseInt(port, &e.port) || e.port < 1 || e.port > 65535)) {
+  if (port && (!ParseInt(*port, &e.port) || e.port < 1 || e.port > 65535)) {
     return Status::Error("--kv-redis " + Redacted(url) + ": the port must be 1-65535");
   }
   if (host.empty()) return Status::Error("--kv-redis " + Redacted(url) + ": no host in the URL");
