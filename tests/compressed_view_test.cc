@@ -259,9 +259,8 @@ TEST(CompressedView, Q8_0BaseSharesOrShrinks) {
   auto base = TinyModel(spec);
   // Interleaved where this build has the kernel for it (AVX-512), the file's rows otherwise.
   ASSERT_EQ(base->weights().layers[0].wq.layout,
-            matmul_internal::InterleavedKernelAvailable(DType::kQ8_0)
-                ? WeightLayout::kInterleaved16
-                : WeightLayout::kRows);
+            matmul_internal::InterleavedKernelAvailable(DType::kQ8_0) ? WeightLayout::kInterleaved16
+                                                                      : WeightLayout::kRows);
   ThreadPool pool(2);
   auto same = View(*base, DType::kQ8_0, pool);
   ASSERT_TRUE(same);

@@ -21,30 +21,7 @@ if ! command -v haproxy >/dev/null; then
   echo "skipping: haproxy not found (scripts/setup.sh installs it)"
   exit 77
 fi
-TMP=$(mktemp -d)
-PIDS=()  # every server this test starts, stopped by id at exit
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    kill -9 "$pid" 2>/dev/null && wait "$pid" 2>/dev/null  # reaped quietly
-  done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-failures=0
-pass() { echo "ok   - $1"; }
-fail() { echo "FAIL - $1"; failures=$((failures + 1)); }
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-# poll SECONDS CMD...: runs CMD every 50 ms until it succeeds; fails after SECONDS.
-poll() {
-  local deadline=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $deadline ] && return 1
-    read -rt 0.05 <> <(:) || true
-  done
-}
+. "$HERE/testing/servers_lib.sh"
 
 # --- The configurations -----------------------------------------------------------------------
 LB_PORT=$(free_port) STATS_PORT=$(free_port) R1_PORT=$(free_port) R2_PORT=$(free_port)

@@ -41,35 +41,7 @@ if [ ! -f "$MODEL" ]; then
   echo "skipping: $MODEL not found (set KVSERVE_TEST_MODELS)"
   exit 77
 fi
-TMP=$(mktemp -d)
-PIDS=()  # every process this test starts in the background, stopped by id at exit
-reaped() {  # PID: waited for already, not to be signalled at exit (its id may be reused)
-  local keep=() pid
-  for pid in "${PIDS[@]}"; do [ "$pid" = "$1" ] || keep+=("$pid"); done
-  PIDS=("${keep[@]}")
-}
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    kill -9 "$pid" 2>/dev/null && wait "$pid" 2>/dev/null  # reaped quietly
-  done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-failures=0
-pass() { echo "ok   - $1"; }
-fail() { echo "FAIL - $1"; failures=$((failures + 1)); }
-free_port() {
-  "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-# poll SECONDS CMD...: runs CMD every 50 ms until it succeeds; fails after SECONDS.
-poll() {
-  local deadline=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $deadline ] && return 1
-    read -rt 0.05 <> <(:) || true
-  done
-}
+. "$HERE/testing/servers_lib.sh"
 # jf FILE EXPR: a Python expression over the JSON in FILE (as j).
 jf() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null; }
 # metric PORT NAME: a kvserve:NAME value from the replica on PORT, as an integer.

@@ -63,6 +63,23 @@ bool Eventually(Fn fn, std::chrono::milliseconds limit = std::chrono::seconds(15
   return fn();
 }
 
+// A listening TCP socket on a free loopback port (the fake servers below), its port in *port;
+// -1 on failure.
+int LoopbackListener(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 TEST(RedisUrl, ParsesWhatRedisUrlAllowsAndNamesWhatIsWrong) {
   auto a = ParseRedisUrl("redis://10.0.0.5:6380/3");
   ASSERT_TRUE(a.ok()) << a.error();
@@ -107,10 +124,10 @@ TEST(RedisUrl, DecodesPercentEncodedCredentialsAndReadsBracketedIpv6) {
   ASSERT_TRUE(v6_default.ok()) << v6_default.error();
   EXPECT_EQ(v6_default->host, "fe80::2");
   EXPECT_EQ(v6_default->port, 6379);
-  for (const char* bad : {"redis://u:bad%zzsecret@h:1", "redis://u:secret%4@h", "redis://::1:7000",
-                          "redis://[::1", "redis://[::1]x", "redis://[::1]:", "redis://h:",
-                          "u:secret@h:1", ":secret@h", "redis:/u:secret@h", "redis://h:1/0?timeout=1",
-                          "redis://u:secret@h/0#x"}) {
+  for (const char* bad :
+       {"redis://u:bad%zzsecret@h:1", "redis://u:secret%4@h", "redis://::1:7000", "redis://[::1",
+        "redis://[::1]x", "redis://[::1]:", "redis://h:", "u:secret@h:1", ":secret@h",
+        "redis:/u:secret@h", "redis://h:1/0?timeout=1", "redis://u:secret@h/0#x"}) {
     auto r = ParseRedisUrl(bad);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().find("secret"), std::string::npos) << r.error();
@@ -256,13 +273,9 @@ TEST(RedisBlockStore, ASlowRedisTimesOutInsteadOfStalling) {
 // A server that answers PING, then trickles a GET's reply a byte at a time: each read returns
 // something, so only a deadline on the whole reply ends the wait.
 TEST(RedisBlockStore, ATricklingServerTimesOutOnTheWholeReply) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = 0;
+  const int listener = LoopbackListener(&port);
+  ASSERT_GE(listener, 0);
   ::listen(listener, 4);
   std::atomic<bool> stop{false};
   std::thread server([&] {
@@ -279,7 +292,7 @@ TEST(RedisBlockStore, ATricklingServerTimesOutOnTheWholeReply) {
     }
     ::close(fd);
   });
-  auto store = OpenStore("redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
+  auto store = OpenStore("redis://127.0.0.1:" + std::to_string(port),
                          /*timeout_ms=*/300);
   ASSERT_NE(store, nullptr);
   const std::vector<BlockHash> ask = {Hash(1)};
@@ -295,13 +308,9 @@ TEST(RedisBlockStore, ATricklingServerTimesOutOnTheWholeReply) {
 
 TEST(RedisBlockStore, ARedisThatAnswersPingButNotGetsStaysDownInsteadOfFlapping) {
   // Every connection: PING answered at once, the GETs' reply trickled past the timeout.
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = 0;
+  const int listener = LoopbackListener(&port);
+  ASSERT_GE(listener, 0);
   ::listen(listener, 8);
   std::atomic<bool> stop{false};
   std::atomic<int> connections{0};
@@ -321,7 +330,7 @@ TEST(RedisBlockStore, ARedisThatAnswersPingButNotGetsStaysDownInsteadOfFlapping)
       ::close(fd);
     }
   });
-  auto store = OpenStore("redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
+  auto store = OpenStore("redis://127.0.0.1:" + std::to_string(port),
                          /*timeout_ms=*/150);
   ASSERT_NE(store, nullptr);
   const std::vector<BlockHash> ask = {Hash(1)};
@@ -329,7 +338,7 @@ TEST(RedisBlockStore, ARedisThatAnswersPingButNotGetsStaysDownInsteadOfFlapping)
     ASSERT_TRUE(Eventually([&] { return store->Available(); }));  // the backoff passed
     EXPECT_EQ(store->GetMany(ask)[0].state, StoredBlock::State::kUnavailable);
   }
-  EXPECT_GE(connections.load(), 3);  // it did reconnect (and PING worked) each time
+  EXPECT_GE(connections.load(), 3);         // it did reconnect (and PING worked) each time
   EXPECT_EQ(store->stats().reconnects, 0);  // but never counted as up again
   EXPECT_FALSE(store->stats().up);
   stop = true;
