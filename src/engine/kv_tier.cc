@@ -241,16 +241,13 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
   for (Sequence* seq : waiting) {
     // A tier above this one loads it first (or it is loading from this one).
     if (seq->kv_loading || (seq->tiers_probed & bit())) continue;
+    seq->tiers_probed |= bit();
     const int32_t n = seq->n_committed();
-    if (n < 1) {
-      seq->tiers_probed |= bit();
-      continue;
-    }
+    if (n < 1) continue;
     // The blocks a match may use: whole ones, never the last token's (KvCacheManager::Match).
     const size_t usable = std::min(seq->block_hashes.size(), static_cast<size_t>((n - 1) / bs));
     const size_t in_ram = kv.Match(seq->block_hashes, n).blocks.size();
     if (!available) {
-      seq->tiers_probed |= bit();
       misses_ += static_cast<int64_t>(usable - std::min(usable, in_ram));
       continue;
     }
@@ -266,8 +263,10 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     // No free block to load into while running sequences hold the pool: asked again at the next
     // step (the sequence waits for room either way; once blocks free up, loading beats
     // recomputing).
-    if (on_disk > 0 && room <= 0) continue;
-    seq->tiers_probed |= bit();
+    if (on_disk > 0 && room <= 0) {
+      seq->tiers_probed &= static_cast<uint8_t>(~bit());
+      continue;
+    }
     const size_t take = std::min<size_t>(on_disk, static_cast<size_t>(std::max(room, 0)));
     misses_ += static_cast<int64_t>(usable - in_ram - take);
     if (take == 0) continue;
