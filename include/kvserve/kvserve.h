@@ -86,6 +86,9 @@ struct EngineOptions {
   // --kv-calibration: text whose keys decide how a quantized K type codes keys (empty: a
   // built-in paragraph). Part of the KV format fingerprint.
   std::string kv_calibration_file;
+  // --kv-calibration-tokens: how many of its tokens are read (key codings use the first 512; a
+  // tier's transform codec fits its basis on all of them).
+  int32_t kv_calibration_tokens = 512;
 
   // Speculative decoding (--spec-type): "none", "draft" (a second GGUF with the same
   // vocabulary, draft_model), "ngram" (prompt lookup), "self" (the model's own weights
@@ -113,7 +116,7 @@ struct EngineOptions {
   std::string kv_disk;
   int64_t kv_disk_size = 0;                      // bytes; 0: 20G or the free space, if less
   std::string kv_disk_policy = "write-through";  // or "write-back"
-  std::string kv_disk_codec = "raw";             // or "zstd"
+  std::string kv_disk_codec = "raw";             // "zstd", or "tc:BITS[,sink=N]" (transform-coded)
 
   // Shared tier in Redis (--kv-redis redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]): blocks are
   // written behind as they are computed and looked up, after RAM and disk, on a prefix miss, so
@@ -123,6 +126,7 @@ struct EngineOptions {
   int64_t kv_redis_ttl = 0;            // seconds; 0: keys do not expire (maxmemory evicts)
   int64_t kv_redis_timeout_ms = 500;   // connect and every command
   std::string kv_redis_namespace = "kvserve";  // key prefix
+  std::string kv_redis_codec = "zstd";         // or "tc:BITS[,sink=N]"
 
   // KV events for KV-aware routers (--kv-events ENDPOINT): every block the RAM prefix cache
   // stores or removes, published as vLLM's msgpack batches on a ZeroMQ PUB socket. "": off.

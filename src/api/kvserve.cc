@@ -253,6 +253,9 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
     }
     ec.kv_disk.policy = *policy;
     ec.kv_disk.codec = *codec;
+    if (*codec == kvs::BlockCodec::kTransform) {
+      ec.kv_disk.transform_options = *kvs::ParseTransformCodec(o.kv_disk_codec);
+    }
     if (!o.prefix_cache || o.reserve_full_context) {
       *error = "--kv-disk keeps the prefix cache's blocks: it cannot go with --no-prefix-cache";
       return nullptr;
@@ -268,6 +271,15 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
     ec.kv_redis.ttl_seconds = o.kv_redis_ttl;
     ec.kv_redis.timeout_ms = o.kv_redis_timeout_ms;
     ec.kv_redis.key_namespace = o.kv_redis_namespace;
+    if (o.kv_redis_codec != "zstd") {
+      auto tc = kvs::ParseTransformCodec(o.kv_redis_codec);
+      if (!tc.ok()) {
+        *error = "--kv-redis-codec " + o.kv_redis_codec + ": expected zstd or tc:BITS (" +
+                 tc.error() + ")";
+        return nullptr;
+      }
+      ec.kv_redis.transform_options = *tc;
+    }
   } else if (!o.kv_redis_password_file.empty()) {
     *error = "--kv-redis-password-file is only used with --kv-redis URL";
     return nullptr;
@@ -282,8 +294,12 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   const kvs::Tokenizer* tokenizer = model->impl().tokenizer.get();
   kvs::KvFormatOptions kv;
   kv.types = {geometry.k_type, geometry.v_type};
+  kv.transform_codec =
+      ec.kv_disk.codec == kvs::BlockCodec::kTransform || ec.kv_redis.transform_options.has_value();
   if (!o.kv_calibration_file.empty()) {
-    if (auto st = kvs::UseCalibrationFile(o.kv_calibration_file, *tokenizer, &kv); !st.ok()) {
+    if (auto st = kvs::UseCalibrationFile(o.kv_calibration_file, *tokenizer, &kv,
+                                          o.kv_calibration_tokens);
+        !st.ok()) {
       *error = st.message();
       return nullptr;
     }

@@ -148,7 +148,8 @@ int RunRemove(const KvArgs& a) {
 
 Runner AddKvCommand(CLI::App& root) {
   auto a = std::make_shared<KvArgs>();
-  CLI::App* kv = root.add_subcommand("kv", "KV documents on a disk tier: save, ls, rm");
+  CLI::App* kv = root.add_subcommand(
+      "kv", "KV documents on a disk tier (save, ls, rm) and the tiers' codecs (codec-bench)");
   kv->require_subcommand(1);
   CLI::App* save = kv->add_subcommand(
       "save",
@@ -172,7 +173,9 @@ Runner AddKvCommand(CLI::App& root) {
   CLI::App* rm = kv->add_subcommand("rm", "Remove a KV document (its blocks become evictable)");
   rm->add_option("--kv-disk", a->dir, "The disk tier's directory")->required();
   rm->add_option("--name", a->name, "The document's name")->required();
-  return [a, save, ls, rm]() {
+  Runner codec_bench = AddKvCodecBenchCommand(kv);
+  return [a, save, ls, rm, codec_bench]() {
+    if (const int rc = codec_bench(); rc != -1) return rc;
     if (save->parsed()) {
       KvArgs args = *a;
       args.dir = args.engine.options.kv_disk;

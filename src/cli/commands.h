@@ -30,6 +30,8 @@ Runner AddBenchCommand(CLI::App& root);
 Runner AddServeCommand(CLI::App& root);
 // `kv save|ls|rm`: KV documents on a disk tier directory.
 Runner AddKvCommand(CLI::App& root);
+// `kv codec-bench`; the runner returns -1 when it was not chosen.
+Runner AddKvCodecBenchCommand(CLI::App* kv);
 // `bench memory` and `bench throughput`; the runner returns -1 when neither was chosen.
 Runner AddEngineBenchCommands(CLI::App* bench);
 // `bench spec`, speculative against plain decoding; the runner returns -1 when not chosen.
@@ -54,6 +56,10 @@ inline constexpr const char* kKvCalibrationHelp =
     "Text to measure how quantized keys are coded on (its first 512 tokens; default: a built-in "
     "paragraph of English prose). Part of the KV format: caches calibrated differently never "
     "share blocks";
+
+inline constexpr const char* kKvCalibrationTokensHelp =
+    "How many tokens of --kv-calibration's text are read: key codings measure the first 512, a "
+    "tier's transform codec (tc:BITS) fits its basis on all of them";
 
 // -t's help; the count goes through ThreadPool::ResolveThreadCount, which clamps it.
 inline constexpr const char* kThreadsHelp =

@@ -9,6 +9,8 @@
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
+#include "engine/kv_format_factory.h"
+#include "engine/transform_codec.h"
 #include "kernels/kv_types.h"
 #include "kv/redis_block_store.h"
 
@@ -20,6 +22,15 @@ std::string FormatReal(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", v);
   return buf;
+}
+
+// CLI11's check of a block codec name: "" when valid, else why not.
+std::string CheckBlockCodec(const std::string& name) {
+  if (name.rfind("tc:", 0) == 0) {
+    auto options = ParseTransformCodec(name);
+    return options.ok() ? "" : options.error();
+  }
+  return name == "raw" || name == "zstd" ? "" : "expected raw, zstd or tc:BITS[,sink=N]";
 }
 
 }  // namespace
@@ -67,6 +78,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "KV cache type of values (same choices); also -ctv")
       ->capture_default_str();
   cmd->add_option("--kv-calibration", o.kv_calibration_file, kKvCalibrationHelp);
+  cmd->add_option("--kv-calibration-tokens", o.kv_calibration_tokens, kKvCalibrationTokensHelp)
+      ->capture_default_str()
+      ->check(CLI::Range(16, kvs::kMaxCalibrationTokensFlag));
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
   AddSpecFlags(cmd, f);
@@ -163,10 +177,13 @@ void AddKvDiskFlags(CLI::App* cmd, EngineFlags* f) {
           ->check(CLI::IsMember({"write-through", "write-back"}));
   f->kv_disk_codec_flag =
       cmd->add_option("--kv-disk-codec", o.kv_disk_codec,
-                      "Disk tier: how block bytes are stored: raw, or zstd (smaller files, slower "
-                      "writes and loads)")
+                      "Disk tier: how block bytes are stored: raw, zstd (smaller files, slower "
+                      "writes and loads), or tc:BITS[,sink=N] (transform-coded: each head's PCA "
+                      "from the calibration text, BITS per element spread over its components; "
+                      "lossy, about 16/BITS times smaller than f16; sink=N keeps the first N "
+                      "positions as f16)")
           ->capture_default_str()
-          ->check(CLI::IsMember({"raw", "zstd"}));
+          ->check(CheckBlockCodec);
 }
 
 void AddKvRedisFlags(CLI::App* cmd, EngineFlags* f) {
@@ -184,6 +201,14 @@ void AddKvRedisFlags(CLI::App* cmd, EngineFlags* f) {
         const std::string_view flag = "--kv-redis ";
         return why.rfind(flag, 0) == 0 ? why.substr(flag.size()) : why;
       });
+  f->kv_redis_codec_flag =
+      cmd->add_option("--kv-redis-codec", o.kv_redis_codec,
+                      "Shared tier: how blocks are stored in Redis: zstd, or tc:BITS[,sink=N] "
+                      "(transform-coded, as --kv-disk-codec)")
+          ->capture_default_str()
+          ->check([](const std::string& s) -> std::string {
+            return s == "zstd" ? "" : CheckBlockCodec(s);
+          });
   cmd->add_option("--kv-redis-password-file", o.kv_redis_password_file,
                   "Shared tier: read Redis's password from the first line of FILE (kept out of "
                   "the command line; overrides a password in the URL)")
@@ -338,6 +363,11 @@ bool ResolveKvMemory(EngineFlags* f) {
       std::fprintf(stderr, "error: --kv-disk-size is only used with --kv-disk DIR\n");
       return false;
     }
+  }
+  if (f->options.kv_redis.empty() && f->kv_redis_codec_flag &&
+      f->kv_redis_codec_flag->count() > 0) {
+    std::fprintf(stderr, "error: --kv-redis-codec is only used with --kv-redis URL\n");
+    return false;
   }
   if (f->kv_memory.empty()) return true;
   if (ParseMemorySize(f->kv_memory, &f->options.kv_memory_bytes, &error)) return true;

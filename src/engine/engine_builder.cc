@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <utility>
 
 #include "core/log.h"
@@ -158,8 +159,15 @@ Expected<KvTiers> EngineBuilder::Tiers(const EngineConfig& config, ModelRunner& 
       return Status::Error(
           "--kv-redis stores the prefix cache's blocks: it needs the prefix cache");
     }
+    KvRedisConfig redis_config = config.kv_redis;
+    if (redis_config.transform_options) {
+      auto codec = TransformCodecFor(*redis_config.transform_options,
+                                     runner.storage().shared_format(), config.kv_disk.dir);
+      if (!codec.ok()) return codec.status();
+      redis_config.transform = *codec;
+    }
     auto redis = KvTier::OpenRedis(
-        config.kv_redis, MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
+        redis_config, MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
         runner.mutable_storage());
     if (!redis.ok()) return redis.status();
     tiers.push_back(std::move(*redis));
@@ -175,7 +183,16 @@ Expected<std::unique_ptr<KvTier>> EngineBuilder::DiskTier(const EngineConfig& co
   }
   const auto t0 = std::chrono::steady_clock::now();
   const std::string& dir = config.kv_disk.dir;
-  auto tier = KvTier::Open(config.kv_disk,
+  KvTierConfig disk_config = config.kv_disk;
+  if (disk_config.codec == BlockCodec::kTransform) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);  // the basis is saved there before the store
+    auto codec =
+        TransformCodecFor(disk_config.transform_options, runner.storage().shared_format(), dir);
+    if (!codec.ok()) return codec.status();
+    disk_config.transform = *codec;
+  }
+  auto tier = KvTier::Open(disk_config,
                            MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
                            runner.mutable_storage(), [&dir](int64_t files) {
                              KVS_LOG_INFO("kv disk: indexing %s: %lld files so far", dir.c_str(),
@@ -189,8 +206,25 @@ Expected<std::unique_ptr<KvTier>> EngineBuilder::DiskTier(const EngineConfig& co
       (*tier)->config().capacity_bytes / 1073741824.0,
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
       config.kv_disk.policy == KvDiskPolicy::kWriteThrough ? "write-through" : "write-back",
-      BlockCodecName(config.kv_disk.codec));
+      disk_config.transform ? disk_config.transform->name().c_str()
+                            : BlockCodecName(config.kv_disk.codec));
   return tier;
+}
+
+Expected<std::shared_ptr<const KvBlockCodec>> EngineBuilder::TransformCodecFor(
+    const TransformCodecOptions& options, const KvFormatPtr& format, const std::string& dir) {
+  if (transforms_ == nullptr) {
+    std::vector<int32_t> tokens = kv_.calibration_tokens;
+    if (tokens.empty()) tokens = KeyCalibrationTokens(tokenizer_, model_.config().n_vocab);
+    auto fit = LoadOrFitKvTransforms(model_, pool_, *format, tokens, dir);
+    if (!fit.ok()) return fit.status();
+    transforms_ = *fit;
+  }
+  auto codec = TransformCodec::Make(format, transforms_, options);
+  if (!codec.ok()) return codec.status();
+  KVS_LOG_INFO("kv codec: %s spends %.2f bits per element on the coded components",
+               (*codec)->name().c_str(), (*codec)->allocated_bits_per_element());
+  return std::shared_ptr<const KvBlockCodec>(*codec);
 }
 
 Expected<std::unique_ptr<EvictionPolicy>> EngineBuilder::EvictionPolicyFor(

@@ -15,6 +15,7 @@
 #include "engine/model_runner.h"
 #include "engine/single_sequence.h"
 #include "engine/spec/spec_runtime.h"
+#include "engine/transform_codec.h"
 #include "kv/tri_policy.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -55,6 +56,11 @@ class EngineBuilder {
   Expected<KvTiers> Tiers(const EngineConfig& config, ModelRunner& runner);
   // The disk tier of config.kv_disk (null when config names no directory).
   Expected<std::unique_ptr<KvTier>> DiskTier(const EngineConfig& config, ModelRunner& runner);
+  // A tier's transform codec for the runner's KV format: fitted on the calibration tokens (the
+  // builder's, else the built-in paragraph) once per builder, the fit saved in and read from dir
+  // when given.
+  Expected<std::shared_ptr<const KvBlockCodec>> TransformCodecFor(
+      const TransformCodecOptions& options, const KvFormatPtr& format, const std::string& dir);
   // The drafter of the Speculative options over runner's KV (none: an empty runtime).
   Expected<SpecRuntime> MakeSpec(const EngineConfig& config, ModelRunner& runner);
 
@@ -65,7 +71,8 @@ class EngineBuilder {
   KvFormatPtr format_;  // the last one made, and the context it was made for
   int32_t format_ctx_ = 0;
   SpecOptions spec_;
-  std::shared_ptr<const TriCalibration> tri_;  // the tri eviction policy's, once measured
+  std::shared_ptr<const TriCalibration> tri_;       // the tri eviction policy's, once measured
+  std::shared_ptr<const KvTransforms> transforms_;  // the transform codec's fit, once made
 };
 
 }  // namespace kvs

@@ -21,12 +21,16 @@ KvRope ModelKvRope(const Model& model) {
 }
 
 Status UseCalibrationFile(const std::string& path, const Tokenizer& tokenizer,
-                          KvFormatOptions* options) {
+                          KvFormatOptions* options, int32_t max_tokens) {
+  if (max_tokens < 16 || max_tokens > kMaxCalibrationTokensFlag) {
+    return Status::Error(StrFormat("--kv-calibration-tokens %d: expected 16..%d", max_tokens,
+                                   kMaxCalibrationTokensFlag));
+  }
   auto text = ReadTextFile(path, int64_t{64} << 20);
   if (!text.ok()) return Status::Error("--kv-calibration: " + text.error());
-  // kMaxCalibrationTokens of prose take a few KiB: tokenize a prefix, cut at a space, not a
-  // whole 64 MiB file.
-  constexpr size_t kPrefixBytes = 64 << 10;
+  // A token of prose takes a few bytes: tokenize a prefix, cut at a space, not a whole 64 MiB
+  // file.
+  const size_t kPrefixBytes = std::max<size_t>(64 << 10, static_cast<size_t>(max_tokens) * 16);
   std::string_view prefix = *text;
   if (prefix.size() > kPrefixBytes) {
     const size_t cut = prefix.rfind(' ', kPrefixBytes);
@@ -34,7 +38,7 @@ Status UseCalibrationFile(const std::string& path, const Tokenizer& tokenizer,
   }
   std::vector<int32_t> tokens =
       tokenizer.Encode(prefix, /*add_special=*/true, /*parse_special=*/false);
-  if (tokens.size() > kMaxCalibrationTokens) tokens.resize(kMaxCalibrationTokens);
+  if (tokens.size() > static_cast<size_t>(max_tokens)) tokens.resize(max_tokens);
   if (tokens.size() < 16) {
     return Status::Error(
         StrFormat("--kv-calibration %s: %zu tokens; the key statistics need at least 16",
@@ -65,13 +69,17 @@ Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenize
   KVS_RETURN_IF_ERROR(geometry.Validate());
   const KvRope rope = ModelKvRope(model);
   if (!KvTypeIsQuantized(options.types.k) || !options.calibrate) {
-    if (!options.calibration_tokens.empty()) WarnCalibrationUnused(options.types.k);
+    if (!options.calibration_tokens.empty() && !options.transform_codec) {
+      WarnCalibrationUnused(options.types.k);
+    }
     return KvFormat::Make(geometry, rope, {}, {});
   }
   const auto t0 = std::chrono::steady_clock::now();
   KvCalibration calibration;
   std::vector<int32_t> tokens = options.calibration_tokens;
   calibration.source = options.calibration_source;
+  // Key codings measure one prefill: the first kMaxCalibrationTokens.
+  if (tokens.size() > kMaxCalibrationTokens) tokens.resize(kMaxCalibrationTokens);
   if (tokens.empty()) {
     tokens = KeyCalibrationTokens(tokenizer, c.n_vocab);
     if (tokenizer == nullptr) calibration.source = "fixed pseudo-random tokens";

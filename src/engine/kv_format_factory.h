@@ -36,6 +36,8 @@ struct KvFormatOptions {
   // The tokens keys are measured on; empty: the built-in paragraph (KeyCalibrationTokens).
   std::vector<int32_t> calibration_tokens;
   std::string calibration_source = "built-in paragraph";
+  // The calibration tokens also fit a tier's transform codec (no warning when K is unquantized).
+  bool transform_codec = false;
 };
 
 // Options with these types and every other field at its default.
@@ -45,11 +47,16 @@ inline KvFormatOptions KvFormatWithTypes(KvTypes types) {
   return options;
 }
 
+// The most calibration tokens --kv-calibration-tokens may ask for (the transform codec's fit;
+// key codings use the first kMaxCalibrationTokens).
+inline constexpr int32_t kMaxCalibrationTokensFlag = 65536;
+
 // Calibrates on a user's text (--kv-calibration FILE): sets options' calibration tokens to its
-// first kMaxCalibrationTokens (BOS first where the model adds one) and its source to the path.
+// first max_tokens (BOS first where the model adds one) and its source to the path.
 // An unreadable or too short file is an error, and options are left as they were.
 Status UseCalibrationFile(const std::string& path, const Tokenizer& tokenizer,
-                          KvFormatOptions* options);
+                          KvFormatOptions* options,
+                          int32_t max_tokens = static_cast<int32_t>(kMaxCalibrationTokens));
 
 // The prefix-cache key of a model's blocks: what their bytes depend on besides the tokens — the
 // weights (their digest), the KV format (its fingerprint; the block size again, explicitly)

@@ -22,13 +22,21 @@ Expected<KvDiskPolicy> ParseKvDiskPolicy(const std::string& name) {
 Expected<BlockCodec> ParseBlockCodec(const std::string& name) {
   if (name == "raw") return BlockCodec::kRaw;
   if (name == "zstd") return BlockCodec::kZstd;
-  return Status::Error("--kv-disk-codec " + name + ": expected raw or zstd");
+  if (name.rfind("tc:", 0) == 0) {
+    auto options = ParseTransformCodec(name);
+    if (!options.ok()) return options.status();
+    return BlockCodec::kTransform;
+  }
+  return Status::Error("--kv-disk-codec " + name + ": expected raw, zstd or tc:BITS");
 }
 
 Expected<std::unique_ptr<KvTier>> KvTier::Open(const KvTierConfig& config,
                                                const BlockIdentity& identity, KvStorage& storage,
                                                const std::function<void(int64_t)>& progress) {
   if (config.dir.empty()) return Status::Error("--kv-disk: no directory given");
+  if (config.codec == BlockCodec::kTransform && config.transform == nullptr) {
+    return Status::Error("--kv-disk-codec tc: no transform codec was made");
+  }
   // A file size limit (ulimit -f) must fail a block's write with EFBIG, which turns the tier
   // off, rather than kill the process with SIGXFSZ.
   ::signal(SIGXFSZ, SIG_IGN);
@@ -93,7 +101,8 @@ Expected<std::unique_ptr<KvTier>> KvTier::OpenRedis(const KvRedisConfig& config,
   if (!store.ok()) return store.status();
   KvTierConfig c;
   c.policy = KvDiskPolicy::kWriteThrough;  // written behind as soon as full and hashed
-  c.codec = BlockCodec::kZstd;
+  c.codec = config.transform ? BlockCodec::kTransform : BlockCodec::kZstd;
+  c.transform = config.transform;
   c.zstd_level = config.zstd_level;
   c.write_queue_bytes = config.write_queue_bytes;
   return std::unique_ptr<KvTier>(
@@ -113,15 +122,17 @@ KvTier::KvTier(TierSlot slot, const KvTierConfig& config, const BlockIdentity& i
   const int64_t queued = std::max<int64_t>(16, config_.write_queue_bytes / block_bytes);
   // A disk that refuses writes is full or gone for good: the tier turns itself off. Redis comes
   // back: its writes fail fast while it is down and resume when it answers.
-  writer_ = std::make_unique<BlockWriter>(*store_,
-                                          static_cast<int32_t>(std::min<int64_t>(queued, 1 << 20)),
-                                          redis_ ? 0 : BlockWriter::kFailuresToStop);
-  loader_ = std::make_unique<BlockLoader>(*store_, identity_,
-                                          [this](BlockId id, std::span<const uint8_t> payload) {
-                                            // The block is held for this load: no step reads or
-                                            // writes it meanwhile.
-                                            return storage_.WriteBlock(id.value, payload);
-                                          });
+  writer_ = std::make_unique<BlockWriter>(
+      *store_, static_cast<int32_t>(std::min<int64_t>(queued, 1 << 20)),
+      redis_ ? 0 : BlockWriter::kFailuresToStop, config_.transform);
+  loader_ = std::make_unique<BlockLoader>(
+      *store_, identity_,
+      [this](BlockId id, std::span<const uint8_t> payload) {
+        // The block is held for this load: no step reads or
+        // writes it meanwhile.
+        return storage_.WriteBlock(id.value, payload);
+      },
+      config_.transform);
   if (disk_) corrupt_ = disk_->rejected_at_open();
 }
 
@@ -172,6 +183,7 @@ bool KvTier::Offer(BlockId id, const BlockHash& hash, const BlockMeta& meta) {
   header.parent = meta.parent;
   header.codec = config_.codec;
   header.tokens = meta.tokens;
+  header.first_position = meta.index * storage_.geometry().block_size;
   return writer_->OfferBlock(std::move(header), std::move(payload), config_.zstd_level);
 }
 
@@ -186,7 +198,7 @@ void KvTier::AfterCommit(Sequence& seq, const KvCacheManager& kv) {
     if (unsaved_.contains(hash) || NoWriteNeeded(hash)) continue;
     BlockMeta meta{
         i == 0 ? BlockHash{} : table.hashes[i - 1],
-        std::vector<int32_t>(seq.tokens.begin() + i * bs, seq.tokens.begin() + (i + 1) * bs)};
+        std::vector<int32_t>(seq.tokens.begin() + i * bs, seq.tokens.begin() + (i + 1) * bs), i};
     if (config_.policy == KvDiskPolicy::kWriteThrough && Offer(table.blocks[i], hash, meta)) {
       continue;
     }

@@ -39,6 +39,7 @@
 
 #include "core/status.h"
 #include "engine/request.h"
+#include "engine/transform_codec.h"
 #include "kv/block_file.h"
 #include "kv/block_loader.h"
 #include "kv/block_store.h"
@@ -51,6 +52,7 @@ namespace kvs {
 enum class KvDiskPolicy { kWriteThrough, kWriteBack };
 
 Expected<KvDiskPolicy> ParseKvDiskPolicy(const std::string& name);
+// raw, zstd, or tc:N[,sink=S] (kTransform; its options from ParseTransformCodec).
 Expected<BlockCodec> ParseBlockCodec(const std::string& name);
 
 inline constexpr uint64_t kDefaultKvDiskBytes = uint64_t{20} << 30;
@@ -61,6 +63,9 @@ struct KvTierConfig {
   KvDiskPolicy policy = KvDiskPolicy::kWriteThrough;
   BlockCodec codec = BlockCodec::kRaw;
   int zstd_level = 3;
+  // codec kTransform (--kv-disk-codec tc:N): its options, and the codec the builder fitted.
+  TransformCodecOptions transform_options;
+  std::shared_ptr<const KvBlockCodec> transform;
   int64_t write_queue_bytes = int64_t{256} << 20;  // KV bytes waiting to be written, at most
   int64_t flush_timeout_ms = 20000;                // Flush's bound (SIGTERM)
 };
@@ -74,6 +79,9 @@ struct KvRedisConfig {
   std::string key_namespace = "kvserve";
   int zstd_level = 1;  // values are zstd-compressed block files (fast level: the wire is loopback
                        // or a LAN, where the CPU is the dearer resource)
+  // --kv-redis-codec tc:N: values transform-coded instead (the builder fits the codec).
+  std::optional<TransformCodecOptions> transform_options;
+  std::shared_ptr<const KvBlockCodec> transform;
   int64_t write_queue_bytes = int64_t{256} << 20;
 };
 
@@ -150,6 +158,7 @@ class KvTier {
   struct BlockMeta {
     BlockHash parent;
     std::vector<int32_t> tokens;
+    int32_t index = 0;  // the block's place in its chain: its first position is index * size
   };
   struct Load {
     SeqId seq;

@@ -27,6 +27,50 @@ void LogSoftmax(const float* row, int32_t n, std::vector<double>* out) {
 
 }  // namespace
 
+void PerplexityTally::Add(const float* row, const float* base_row, int32_t n_vocab,
+                          int32_t target) {
+  LogSoftmax(row, n_vocab, &lp_);
+  ++n_;
+  nll_ -= lp_[target];
+  nll2_ += lp_[target] * lp_[target];
+  if (base_row == nullptr) return;
+  has_base_ = true;
+  LogSoftmax(base_row, n_vocab, &base_lp_);
+  base_nll_ -= base_lp_[target];
+  double kl_token = 0;
+  for (int32_t v = 0; v < n_vocab; ++v) kl_token += std::exp(base_lp_[v]) * (base_lp_[v] - lp_[v]);
+  kl_token = std::max(0.0, kl_token);
+  kl_ += kl_token;
+  kl2_ += kl_token * kl_token;
+  const double diff = base_lp_[target] - lp_[target];  // this run's nll minus the base's
+  diff2_ += diff * diff;
+  agree_ += ArgMax(row, n_vocab) == ArgMax(base_row, n_vocab);
+}
+
+double PerplexityTally::running_ppl() const {
+  return n_ > 0 ? std::exp(nll_ / n_) : 0.0;
+}
+
+void PerplexityTally::Finish(PerplexityResult* r) const {
+  r->n_scored = n_;
+  if (n_ == 0) return;
+  r->nll = nll_ / n_;
+  const auto stderr_of = [&](double mean, double sum_sq) {
+    const double v = sum_sq / n_ - mean * mean;
+    return (v > 0 && n_ > 1) ? std::sqrt(v / (n_ - 1)) : 0.0;
+  };
+  r->nll_stddev = stderr_of(r->nll, nll2_);
+  r->ppl = std::exp(r->nll);
+  if (!has_base_) return;
+  r->has_base = true;
+  r->base_ppl = std::exp(base_nll_ / n_);
+  r->kl_mean = kl_ / n_;
+  r->kl_stderr = stderr_of(r->kl_mean, kl2_);
+  const double mean_diff = r->nll - base_nll_ / n_;
+  r->delta_ppl_stderr_pct = 100.0 * std::exp(mean_diff) * stderr_of(mean_diff, diff2_);
+  r->top1_agree_pct = 100.0 * agree_ / n_;
+}
+
 Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vector<int32_t>& tokens,
                                              const PerplexityOptions& options, ThreadPool& pool,
                                              const std::function<void(int32_t, double)>& on_chunk) {
@@ -75,10 +119,8 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   }
   const size_t logit_floats = static_cast<size_t>(n_ctx - first) * n_vocab;
   std::vector<float> logits(logit_floats), base_logits(options.kl_base ? logit_floats : 0);
-  std::vector<double> lp, base_lp;
   std::vector<int32_t> chunk(n_ctx);
-  double nll = 0, nll2 = 0, base_nll = 0, kl = 0, kl2 = 0, diff2 = 0;
-  int64_t agree = 0;
+  PerplexityTally tally;
   for (int32_t i = 0; i < r.n_chunks; ++i) {
     std::copy(tokens.begin() + static_cast<size_t>(i) * n_ctx,
               tokens.begin() + static_cast<size_t>(i + 1) * n_ctx, chunk.begin());
@@ -93,45 +135,13 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
       KVS_RETURN_IF_ERROR(base->Run(chunk.data(), n_ctx, 0, n_ctx - first, base_logits.data()));
     }
     for (int32_t j = 0; j < n_scored_per_chunk; ++j) {
-      const float* row = logits.data() + static_cast<size_t>(j) * n_vocab;
-      const int32_t target = chunk[first + j + 1];
-      LogSoftmax(row, n_vocab, &lp);
-      nll -= lp[target];
-      nll2 += lp[target] * lp[target];
-      if (!base) continue;
-      const float* base_row = base_logits.data() + static_cast<size_t>(j) * n_vocab;
-      LogSoftmax(base_row, n_vocab, &base_lp);
-      base_nll -= base_lp[target];
-      double kl_token = 0;
-      for (int32_t v = 0; v < n_vocab; ++v) {
-        kl_token += std::exp(base_lp[v]) * (base_lp[v] - lp[v]);
-      }
-      kl_token = std::max(0.0, kl_token);
-      kl += kl_token;
-      kl2 += kl_token * kl_token;
-      const double diff = base_lp[target] - lp[target];  // this run's nll minus the base's
-      diff2 += diff * diff;
-      agree += ArgMax(row, n_vocab) == ArgMax(base_row, n_vocab);
+      const size_t at = static_cast<size_t>(j) * n_vocab;
+      tally.Add(logits.data() + at, base ? base_logits.data() + at : nullptr, n_vocab,
+                chunk[first + j + 1]);
     }
-    r.n_scored += n_scored_per_chunk;
-    if (on_chunk) on_chunk(i, std::exp(nll / r.n_scored));
+    if (on_chunk) on_chunk(i, tally.running_ppl());
   }
-  r.nll = nll / r.n_scored;
-  double var = nll2 / r.n_scored - r.nll * r.nll;
-  r.nll_stddev = (var > 0 && r.n_scored > 1) ? std::sqrt(var / (r.n_scored - 1)) : 0;
-  r.ppl = std::exp(r.nll);
-  if (base) {
-    r.base_ppl = std::exp(base_nll / r.n_scored);
-    r.kl_mean = kl / r.n_scored;
-    const auto stderr_of = [&](double mean, double sum_sq) {
-      const double v = sum_sq / r.n_scored - mean * mean;
-      return (v > 0 && r.n_scored > 1) ? std::sqrt(v / (r.n_scored - 1)) : 0.0;
-    };
-    r.kl_stderr = stderr_of(r.kl_mean, kl2);
-    const double mean_diff = r.nll - base_nll / r.n_scored;
-    r.delta_ppl_stderr_pct = 100.0 * std::exp(mean_diff) * stderr_of(mean_diff, diff2);
-    r.top1_agree_pct = 100.0 * agree / r.n_scored;
-  }
+  tally.Finish(&r);
   if (evicting) {
     r.has_eviction = true;
     r.kv_kept_pct = evicting->kept_pct();

@@ -56,6 +56,24 @@ struct PerplexityOptions {
   const Tokenizer* tokenizer = nullptr;  // for calibrations (the tri policy's); null: fixed ids
 };
 
+// The scores of one run's tokens, and (given) a base run's side by side: what ComputePerplexity
+// and the KV codec bench (codec_bench.h) report.
+class PerplexityTally {
+ public:
+  // One scored token: this run's logits row, the base run's (or null), the token that came.
+  void Add(const float* row, const float* base_row, int32_t n_vocab, int32_t target);
+  int64_t n_scored() const { return n_; }
+  double running_ppl() const;
+  // ppl, nll, nll_stddev, n_scored; and the base fields when rows of a base were added.
+  void Finish(PerplexityResult* r) const;
+
+ private:
+  int64_t n_ = 0, agree_ = 0;
+  bool has_base_ = false;
+  double nll_ = 0, nll2_ = 0, base_nll_ = 0, kl_ = 0, kl2_ = 0, diff2_ = 0;
+  std::vector<double> lp_, base_lp_;
+};
+
 // on_chunk(i, running_ppl) is called after each chunk (progress reporting).
 Expected<PerplexityResult> ComputePerplexity(
     const Model& model, const std::vector<int32_t>& tokens, const PerplexityOptions& options,

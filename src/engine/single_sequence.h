@@ -18,6 +18,10 @@ class SingleSequence {
   // format where none is given (tests).
   SingleSequence(const Model& model, ThreadPool& pool, int32_t n_ctx, KvFormatPtr format = nullptr);
   const KvStorage& storage() const { return storage_; }
+  // For tools that rewrite stored blocks between runs (the KV codec bench's round trips).
+  KvStorage& mutable_storage() { return storage_; }
+  // The pool block holding positions [i * block_size, (i + 1) * block_size).
+  int32_t pool_block(int32_t i) const { return storage_.num_blocks() - 1 - i; }
 
   int32_t n_ctx() const { return n_ctx_; }
   // Computes tokens[0..n) at positions pos0.. (positions >= pos0 written before are replaced)

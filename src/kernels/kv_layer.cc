@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/attention.h"
 #include "kernels/kv_quant.h"
 #include "kernels/ops.h"
 
@@ -83,6 +84,47 @@ void WriteKv(const KvLayerView& layer, int64_t slot, int32_t position, const flo
              k + static_cast<size_t>(h) * layer.head_dim_k);
     StoreValue(layer.v_type, vb + h * vh, layer.head_dim_v, pos,
                v + static_cast<size_t>(h) * layer.head_dim_v);
+  }
+}
+
+void ReadKv(const KvLayerView& layer, int64_t slot, int32_t position, float* k, float* v) {
+  const int64_t block = slot / kKvBlockTokens;
+  const int32_t pos = static_cast<int32_t>(slot % kKvBlockTokens);
+  const uint8_t* kb = layer.k + static_cast<size_t>(block) * layer.k_block_stride();
+  const uint8_t* vb = layer.v + static_cast<size_t>(block) * layer.v_block_stride();
+  const size_t kh = layer.k_head_bytes(), vh = layer.v_head_bytes();
+  const int32_t hk = layer.head_dim_k, hv = layer.head_dim_v;
+  thread_local std::vector<float> cos_sin, stored, offset;
+  if (layer.NeedsRopeTable()) {
+    KVS_CHECK(layer.rope_table != nullptr && position < layer.rope_positions && layer.n_rot > 0 &&
+              layer.n_rot <= hk);
+    cos_sin.resize(layer.n_rot);
+    RopeFromTable(layer.rope_table, layer.n_rot, position, cos_sin.data());
+  }
+  stored.resize(std::max(hk, hv));
+  offset.resize(hk);
+  for (int32_t h = 0; h < layer.n_head_kv; ++h) {
+    float* key = k + static_cast<size_t>(h) * hk;
+    LoadKeyVector(layer.k_type, kb + h * kh, hk, pos, stored.data());
+    if (layer.key_coding == KeyCodingKind::kWhitened) {
+      // The stored coordinates are whitened and rotated; F undoes both (key_whitening.h).
+      UnwhitenKey(layer.k_whitening[h], hk, stored.data(), key);
+      ApplyRope(key, cos_sin.data(), layer.n_rot, layer.rope_neox);
+    } else {
+      if (KvTypeIsRotated(layer.k_type)) RotateBack(stored.data(), hk);
+      std::copy(stored.begin(), stored.begin() + hk, key);
+      if (layer.key_coding != KeyCodingKind::kPlain) {
+        std::copy(layer.k_offset + static_cast<size_t>(h) * hk,
+                  layer.k_offset + static_cast<size_t>(h + 1) * hk, offset.begin());
+        if (layer.key_coding == KeyCodingKind::kRopeOffset) {
+          ApplyRope(offset.data(), cos_sin.data(), layer.n_rot, layer.rope_neox);
+        }
+        for (int32_t d = 0; d < hk; ++d) key[d] += offset[d];
+      }
+    }
+    float* value = v + static_cast<size_t>(h) * hv;
+    LoadValueVector(layer.v_type, vb + h * vh, hv, pos, value);
+    if (KvTypeIsRotated(layer.v_type)) RotateBack(value, hv);
   }
 }
 

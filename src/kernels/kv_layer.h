@@ -95,6 +95,13 @@ struct KvLayerView {
 // positions share bytes.
 void WriteKv(const KvLayerView& layer, int64_t slot, int32_t pos, const float* k, const float* v);
 
+// Reads back what WriteKv stored in slot at RoPE position pos: the keys [n_head_kv][head_dim_k]
+// as the model wrote them (after RoPE) and the values [n_head_kv][head_dim_v], whatever the
+// types and key coding (a quantized type's codes dequantized, its rotation and the coding's
+// offset or whitening undone). What a codec that re-codes stored blocks (the transform codec of
+// the cold tiers) starts from.
+void ReadKv(const KvLayerView& layer, int64_t slot, int32_t pos, float* k, float* v);
+
 // The RoPE rows of keys at these positions, key j at row j (KvHeadView::rope_table), read from
 // the layer's table, which must cover them: what attention needs once keys sit in other slots
 // than their positions. rows is resized to whole blocks of 16.

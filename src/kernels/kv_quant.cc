@@ -494,4 +494,25 @@ float LoadValue(KvType t, const uint8_t* head_block, int32_t n, int32_t pos, int
   return g == 0 ? v : v * ScaleAt(head_block + 16 * row_bytes, pos * (n / g) + dim / g);
 }
 
+void LoadKeyVector(KvType t, const uint8_t* head_block, int32_t n, int32_t pos, float* x) {
+  const size_t row_bytes = KeyRowBytes(t);
+  const int32_t g = KvGroupSize(t, n);
+  const uint8_t* scales = head_block + n * row_bytes;
+  for (int32_t dim = 0; dim < n; ++dim) {
+    const float v = CodeValue(t, GetCode(t, head_block + dim * row_bytes, 16, pos));
+    x[dim] = g == 0 ? v : v * ScaleAt(scales, (dim / g) * 16 + pos);
+  }
+}
+
+void LoadValueVector(KvType t, const uint8_t* head_block, int32_t n, int32_t pos, float* x) {
+  const size_t row_bytes = KvValueRowBytes(t, n);
+  const int32_t g = KvGroupSize(t, n);
+  const uint8_t* row = head_block + pos * row_bytes;
+  const uint8_t* scales = head_block + 16 * row_bytes;
+  for (int32_t dim = 0; dim < n; ++dim) {
+    const float v = CodeValue(t, GetCode(t, row, n, dim));
+    x[dim] = g == 0 ? v : v * ScaleAt(scales, pos * (n / g) + dim / g);
+  }
+}
+
 }  // namespace kvs

@@ -27,6 +27,9 @@ void MoveValue(KvType t, const uint8_t* src_block, int32_t src_pos, uint8_t* dst
 // The stored element (dim, pos), dequantized; for rotated types in the rotated basis.
 float LoadKey(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t dim, int32_t pos);
 float LoadValue(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t pos, int32_t dim);
+// Every element of position pos at once: x[head_dim] (LoadKey / LoadValue of each dim).
+void LoadKeyVector(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t pos, float* x);
+void LoadValueVector(KvType t, const uint8_t* head_block, int32_t head_dim, int32_t pos, float* x);
 
 // The rotation R of the quantized types: x <- R x and x <- R^T x. R is orthogonal: a sign flip per
 // dim (fixed pseudo-random signs), then a normalized Walsh-Hadamard transform on blocks of the

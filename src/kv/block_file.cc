@@ -103,14 +103,33 @@ const char* BlockCodecName(BlockCodec codec) {
       return "raw";
     case BlockCodec::kZstd:
       return "zstd";
+    case BlockCodec::kTransform:
+      return "transform";
   }
   return "unknown";
 }
 
 Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
-                                               std::span<const uint8_t> payload, int zstd_level) {
-  if (header.codec != BlockCodec::kRaw && header.codec != BlockCodec::kZstd) {
+                                               std::span<const uint8_t> payload, int zstd_level,
+                                               const KvBlockCodec* transform) {
+  if (header.codec != BlockCodec::kRaw && header.codec != BlockCodec::kZstd &&
+      header.codec != BlockCodec::kTransform) {
     return Status::Error("block file: unknown codec");
+  }
+  if (header.codec == BlockCodec::kTransform && transform == nullptr) {
+    return Status::Error("block file: the transform codec was not given");
+  }
+  // Coded first: a payload no smaller than the raw bytes is stored raw.
+  BlockCodec codec = header.codec;
+  std::vector<uint8_t> compressed;
+  if (codec == BlockCodec::kTransform) {
+    auto coded = transform->Encode(payload, header.first_position);
+    if (!coded.ok()) return Status::Error("block file: " + coded.error());
+    if (coded->size() < payload.size()) {
+      compressed = std::move(*coded);
+    } else {
+      codec = BlockCodec::kRaw;
+    }
   }
   std::vector<uint8_t> out;
   Writer w(&out);
@@ -119,16 +138,16 @@ Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
   const size_t header_bytes_at = out.size();
   w.Int(uint32_t{0});  // header bytes, filled in below
   WriteIdentity(w, header.identity);
-  w.Int(static_cast<uint8_t>(header.codec));
+  w.Int(static_cast<uint8_t>(codec));
   w.Bytes("\0\0\0", 3);
   w.Hash(header.hash);
   w.Hash(header.parent);
   w.Int(static_cast<uint32_t>(header.tokens.size()));
   for (int32_t t : header.tokens) w.Int(t);
   w.Int(static_cast<uint64_t>(payload.size()));
-  std::vector<uint8_t> compressed;
   std::span<const uint8_t> stored = payload;
-  if (header.codec == BlockCodec::kZstd) {
+  if (codec == BlockCodec::kTransform) stored = compressed;
+  if (codec == BlockCodec::kZstd) {
     compressed.resize(ZSTD_compressBound(payload.size()));
     const size_t n = ZSTD_compress(compressed.data(), compressed.size(), payload.data(),
                                    payload.size(), zstd_level);
@@ -155,7 +174,8 @@ size_t MaxBlockFileBytes(const BlockIdentity& identity, size_t payload_bytes) {
 
 Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
                                        const BlockIdentity& expected_identity,
-                                       const BlockHash& expected_hash) {
+                                       const BlockHash& expected_hash,
+                                       const KvBlockCodec* transform) {
   if (bytes.size() < sizeof(kMagic) + 8 + 8) return Status::Error("block file: truncated");
   // The checksum first: nothing of a file whose bytes changed is read.
   Reader tail(bytes.subspan(bytes.size() - 8));
@@ -198,7 +218,7 @@ Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
   if (!r.Int(&raw_bytes) || !r.Int(&stored_bytes) || r.pos() != header_bytes) {
     return Status::Error("block file: malformed header");
   }
-  if (codec > static_cast<uint8_t>(BlockCodec::kZstd)) {
+  if (codec > static_cast<uint8_t>(BlockCodec::kTransform)) {
     return Status::Error(StrFormat("block file: codec %u is not known to this build", codec));
   }
   h.codec = static_cast<BlockCodec>(codec);
@@ -209,6 +229,18 @@ Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
   if (h.codec == BlockCodec::kRaw) {
     if (raw_bytes != stored_bytes) return Status::Error("block file: raw payload size mismatch");
     d.payload.assign(stored.begin(), stored.end());
+    return d;
+  }
+  if (h.codec == BlockCodec::kTransform) {
+    if (transform == nullptr) {
+      return Status::Error("block file: transform-coded, and this tier has no transform codec");
+    }
+    if (Status st = transform->Decode(stored, &d.payload); !st.ok()) {
+      return Status::Error("block file: " + st.message());
+    }
+    if (d.payload.size() != raw_bytes) {
+      return Status::Error("block file: the transform payload decodes to another size");
+    }
     return d;
   }
   d.payload.resize(raw_bytes);

@@ -19,6 +19,7 @@
 
 #include "core/digest.h"
 #include "core/status.h"
+#include "kv/block_codec.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_format.h"
 
@@ -29,8 +30,9 @@ inline constexpr uint32_t kBlockFileVersion = 1;
 // well under this): a bound on what a corrupt length field can make it allocate.
 inline constexpr uint64_t kMaxBlockFileBytes = uint64_t{1} << 30;
 
-// How the payload is stored. Ids from 2 up are for transform codecs (a later issue).
-enum class BlockCodec : uint8_t { kRaw = 0, kZstd = 1 };
+// How the payload is stored: the block's bytes as they are, zstd-compressed, or re-coded by a
+// KvBlockCodec (block_codec.h: the transform codec, whose payload names its own fit).
+enum class BlockCodec : uint8_t { kRaw = 0, kZstd = 1, kTransform = 2 };
 const char* BlockCodecName(BlockCodec codec);
 
 // What a stored block's bytes depend on: a block is loaded only into a pool whose identity
@@ -53,6 +55,9 @@ struct BlockFileHeader {
   BlockHash parent;  // the chain hash of the block before it (zero for the first)
   BlockCodec codec = BlockCodec::kRaw;
   std::vector<int32_t> tokens;  // [block_size] the block's token ids
+  // The RoPE position of the block's first slot: not in the header (the chain hash fixes it),
+  // handed to a KvBlockCodec, which keeps what it needs in its payload.
+  int32_t first_position = 0;
 };
 
 struct DecodedBlock {
@@ -60,10 +65,12 @@ struct DecodedBlock {
   std::vector<uint8_t> payload;  // the block's K/V bytes, decompressed
 };
 
-// The file's bytes: header, the payload stored with header.codec (zstd at zstd_level), checksum.
+// The file's bytes: header, the payload stored with header.codec (zstd at zstd_level;
+// kTransform by transform, which must be given then), checksum. A transform payload no smaller
+// than the raw bytes is stored raw instead (so no file outgrows MaxBlockFileBytes).
 Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
-                                               std::span<const uint8_t> payload,
-                                               int zstd_level = 3);
+                                               std::span<const uint8_t> payload, int zstd_level = 3,
+                                               const KvBlockCodec* transform = nullptr);
 
 // The most bytes a file of a block of payload_bytes can have, whatever its codec (header,
 // zstd's worst case, checksum): a store may refuse to read anything larger.
@@ -71,10 +78,12 @@ size_t MaxBlockFileBytes(const BlockIdentity& identity, size_t payload_bytes);
 
 // Checks and decodes a file's bytes. An error (naming what failed: truncated, checksum,
 // version, identity, hash, payload size, codec) for anything but the expected block: the
-// caller counts it as corrupt and recomputes.
+// caller counts it as corrupt and recomputes. A kTransform payload is decoded by transform; a
+// reader without one (or with another fit) cannot read it: an error too.
 Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
                                        const BlockIdentity& expected_identity,
-                                       const BlockHash& expected_hash);
+                                       const BlockHash& expected_hash,
+                                       const KvBlockCodec* transform = nullptr);
 
 // Writes bytes to dir/name through a temporary file in dir: written, fsync'd, renamed over
 // name, and the directory fsync'd. On any error the temporary file is removed and name is

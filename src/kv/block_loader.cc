@@ -5,8 +5,12 @@
 
 namespace kvs {
 
-BlockLoader::BlockLoader(BlockStore& store, BlockIdentity identity, WriteBlockFn write_block)
-    : store_(store), identity_(identity), write_block_(std::move(write_block)) {
+BlockLoader::BlockLoader(BlockStore& store, BlockIdentity identity, WriteBlockFn write_block,
+                         std::shared_ptr<const KvBlockCodec> transform)
+    : store_(store),
+      identity_(identity),
+      transform_(std::move(transform)),
+      write_block_(std::move(write_block)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -73,7 +77,7 @@ bool BlockLoader::Check(const LoadJob& job, size_t i, StoredBlock& stored,
       return false;
   }
   *bytes_read += static_cast<int64_t>(stored.bytes.size());
-  auto block = DecodeBlockFile(stored.bytes, identity_, hash);
+  auto block = DecodeBlockFile(stored.bytes, identity_, hash, transform_.get());
   Status check = block.ok() ? Status::Ok() : block.status();
   if (check.ok()) {
     const BlockHash parent = i == 0 ? job.first_parent : job.hashes[i - 1];

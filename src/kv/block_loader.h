@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -54,7 +55,9 @@ class BlockLoader {
  public:
   // write_block(block, payload): copies a checked payload into the pool (KvStorage::WriteBlock).
   using WriteBlockFn = std::function<Status(BlockId, std::span<const uint8_t>)>;
-  BlockLoader(BlockStore& store, BlockIdentity identity, WriteBlockFn write_block);
+  // transform: decodes transform-coded blocks (null: they are misses).
+  BlockLoader(BlockStore& store, BlockIdentity identity, WriteBlockFn write_block,
+              std::shared_ptr<const KvBlockCodec> transform = nullptr);
   ~BlockLoader();  // drops jobs not started, finishes the one running, stops the thread
 
   void Submit(LoadJob job);
@@ -76,6 +79,7 @@ class BlockLoader {
 
   BlockStore& store_;
   const BlockIdentity identity_;
+  const std::shared_ptr<const KvBlockCodec> transform_;
   WriteBlockFn write_block_;
   mutable std::mutex mu_;
   std::condition_variable work_, done_cv_;

@@ -6,8 +6,10 @@
 
 namespace kvs {
 
-BlockWriter::BlockWriter(BlockStore& store, int32_t max_queued, int32_t failures_to_stop)
+BlockWriter::BlockWriter(BlockStore& store, int32_t max_queued, int32_t failures_to_stop,
+                         std::shared_ptr<const KvBlockCodec> transform)
     : store_(store),
+      transform_(std::move(transform)),
       max_queued_(static_cast<size_t>(std::max(max_queued, 1))),
       failures_to_stop_(failures_to_stop) {
   thread_ = std::thread([this] { Loop(); });
@@ -86,7 +88,7 @@ void BlockWriter::Loop() {
     const int64_t payload_bytes = static_cast<int64_t>(job.bytes.size());
     Status st = Status::Ok();
     if (job.header) {
-      auto file = EncodeBlockFile(*job.header, job.bytes, job.zstd_level);
+      auto file = EncodeBlockFile(*job.header, job.bytes, job.zstd_level, transform_.get());
       if (file.ok()) {
         job.bytes = std::move(*file);
       } else {

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -40,7 +41,9 @@ class BlockWriter {
   // max_queued: blocks waiting at most (their bytes are held in memory until written).
   // failures_to_stop: refused writes in a row that turn the writer off (a disk); 0: never (a
   // remote store that is down now and back later: its writes fail fast meanwhile, counted).
-  BlockWriter(BlockStore& store, int32_t max_queued, int32_t failures_to_stop = kFailuresToStop);
+  // transform: encodes blocks offered with BlockCodec::kTransform (null: none are).
+  BlockWriter(BlockStore& store, int32_t max_queued, int32_t failures_to_stop = kFailuresToStop,
+              std::shared_ptr<const KvBlockCodec> transform = nullptr);
   // Finishes the write in progress, drops what is queued (Flush first to keep it: its bound is
   // the caller's to choose) and stops the thread.
   ~BlockWriter();
@@ -70,6 +73,7 @@ class BlockWriter {
   void Loop();
 
   BlockStore& store_;
+  const std::shared_ptr<const KvBlockCodec> transform_;
   const size_t max_queued_;
   const int32_t failures_to_stop_;
   mutable std::mutex mu_;

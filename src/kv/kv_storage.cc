@@ -11,21 +11,32 @@
 
 namespace kvs {
 
-KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
-    : format_(std::move(format)), n_blocks_(n_blocks) {
-  KVS_CHECK(format_ != nullptr && n_blocks >= 1);
-  const KvGeometry& g = format_->geometry();
-  const KeyCoding& coding = format_->key_coding();
-  const size_t kernel_blocks = static_cast<size_t>(n_blocks) * (g.block_size / kKvBlockTokens);
+KvLayerView KvLayerViewOf(const KvFormat& format, int32_t l) {
+  const KvGeometry& g = format.geometry();
+  const KeyCoding& coding = format.key_coding();
   KvLayerView layer;
   layer.n_head_kv = g.n_head_kv;
   layer.head_dim_k = g.head_dim_k;
   layer.head_dim_v = g.head_dim_v;
   layer.k_type = g.k_type;
   layer.v_type = g.v_type;
-  layer.key_coding = format_->key_coding_kind();
-  layer.n_rot = format_->rope().n_rot;
-  layer.rope_neox = format_->rope().neox;
+  layer.key_coding = format.key_coding_kind();
+  layer.n_rot = format.rope().n_rot;
+  layer.rope_neox = format.rope().neox;
+  const size_t per_layer = static_cast<size_t>(g.n_head_kv) * g.head_dim_k;
+  if (!coding.offsets.empty()) layer.k_offset = coding.offsets.data() + l * per_layer;
+  if (!coding.whitening.empty()) {
+    layer.k_whitening = coding.whitening.data() + static_cast<size_t>(l) * g.n_head_kv;
+  }
+  return layer;
+}
+
+KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
+    : format_(std::move(format)), n_blocks_(n_blocks) {
+  KVS_CHECK(format_ != nullptr && n_blocks >= 1);
+  const KvGeometry& g = format_->geometry();
+  const size_t kernel_blocks = static_cast<size_t>(n_blocks) * (g.block_size / kKvBlockTokens);
+  KvLayerView layer = KvLayerViewOf(*format_, 0);
   const size_t k_bytes = kernel_blocks * layer.k_block_stride();
   const size_t v_bytes = kernel_blocks * layer.v_block_stride();
   constexpr size_t kHugePage = size_t{2} << 20;
@@ -45,15 +56,11 @@ KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
       if (madvise(data + at, std::min(kStep, size - at), MADV_POPULATE_WRITE) != 0) break;
     }
   });
-  const size_t per_layer = static_cast<size_t>(g.n_head_kv) * g.head_dim_k;
   uint8_t* p = memory_.get();
   for (int32_t l = 0; l < g.n_layer; ++l) {
+    layer = KvLayerViewOf(*format_, l);
     layer.k = p;
     layer.v = p + k_bytes;
-    if (!coding.offsets.empty()) layer.k_offset = coding.offsets.data() + l * per_layer;
-    if (!coding.whitening.empty()) {
-      layer.k_whitening = coding.whitening.data() + static_cast<size_t>(l) * g.n_head_kv;
-    }
     layers_.push_back(layer);
     p += k_bytes + v_bytes;
   }

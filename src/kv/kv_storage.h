@@ -19,6 +19,10 @@
 
 namespace kvs {
 
+// Layer l's view of a storage in this format, its memory pointers (k, v) and RoPE table not set:
+// what a storage fills in, and what a codec points at one block's bytes (ReadBlock's layout).
+KvLayerView KvLayerViewOf(const KvFormat& format, int32_t l);
+
 class KvStorage {
  public:
   // n_blocks counts the null block, which is allocated too (never written, never read).

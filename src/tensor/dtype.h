@@ -50,9 +50,13 @@ inline size_t RowBytes(DType t, size_t n) {
   return n / i.block_elems * i.block_bytes;
 }
 
-// IEEE half and bfloat16 conversions (round to nearest even).
+// IEEE half and bfloat16 conversions (round to nearest even). With F16C (-march=native on any
+// recent x86) the half ones are the conversion instructions, except for NaNs; the portable code
+// is their scalar twin (tested equal).
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);
+float F16ToF32Portable(uint16_t h);
+uint16_t F32ToF16Portable(float f);
 inline float BF16ToF32(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
