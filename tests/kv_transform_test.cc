@@ -59,7 +59,9 @@ TEST(KvTransform, PcaFindsTheVariancesAndDirections) {
   for (int32_t d = 0; d < kDim; ++d) EXPECT_NEAR(t.mean[d], 3.0f, 0.03f);
   for (int32_t i = 0; i < kDim; ++i) {
     EXPECT_NEAR(t.variance[i], sd[i] * sd[i], 0.05 * sd[i] * sd[i]) << "component " << i;
-    if (i > 0) EXPECT_LE(t.variance[i], t.variance[i - 1]);
+    if (i > 0) {
+      EXPECT_LE(t.variance[i], t.variance[i - 1]);
+    }
   }
   // The leading directions are the generating ones (up to sign).
   for (int32_t i = 0; i < 4; ++i) {
@@ -146,35 +148,40 @@ TEST(KvTransform, CodesMatchTheScalarTwinAndShrinkTheErrorWithBits) {
       }
       EXPECT_LT(err, last_err) << "dim " << dim << " bits " << bpe;
       last_err = err;
-      if (bpe == 4.0) EXPECT_LT(err, 0.02 * energy) << "dim " << dim;
+      if (bpe == 4.0) {
+        EXPECT_LT(err, 0.02 * energy) << "dim " << dim;
+      }
     }
   }
 }
 
+// Every code width, for position counts that take UnpackCodes' whole-byte path (multiples of 8:
+// a block's 16) and its bit-by-bit one.
 TEST(KvTransform, PackingRoundTripsAndRefusesShortInput) {
-  HeadTransform t;
-  t.dim = 4;
-  t.mean.assign(4, 0.0f);
-  t.components = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
-  t.variance = {100.0f, 10.0f, 1.0f, 0.1f};
-  const HeadCode c = MakeHeadCode(t, 3.0);  // 12 bits over four components
-  ASSERT_EQ(c.total_bits(), 12);
-  constexpr int32_t kN = 5;
+  HeadCode c;
+  c.dim = 9;
+  c.bits = {3, 1, 2, 8, 4, 5, 6, 7, 1};
+  c.n_coded = static_cast<int32_t>(c.bits.size());
+  ASSERT_EQ(c.total_bits(), 37);
   std::mt19937 rng(9);
-  std::vector<uint8_t> codes(static_cast<size_t>(c.n_coded) * kN);
-  for (int32_t i = 0; i < c.n_coded; ++i) {
-    for (int32_t j = 0; j < kN; ++j) codes[i * kN + j] = rng() % (1u << c.bits[i]);
+  for (int32_t n : {5, 8, 16, 24, 13}) {
+    SCOPED_TRACE("positions " + std::to_string(n));
+    std::vector<uint8_t> codes(static_cast<size_t>(c.n_coded) * n);
+    for (int32_t i = 0; i < c.n_coded; ++i) {
+      for (int32_t j = 0; j < n; ++j) codes[i * n + j] = rng() % (1u << c.bits[i]);
+    }
+    std::vector<uint8_t> packed;
+    PackCodes(c, codes.data(), n, &packed);
+    EXPECT_EQ(packed.size(), (37u * n + 7) / 8);
+    packed.push_back(0xff);  // bytes after the codes are not read
+    std::vector<uint8_t> back(codes.size());
+    size_t used = 0;
+    ASSERT_TRUE(UnpackCodes(c, packed, n, back.data(), &used));
+    EXPECT_EQ(used, packed.size() - 1);
+    EXPECT_EQ(back, codes);
+    EXPECT_FALSE(UnpackCodes(c, std::span<const uint8_t>(packed).first(packed.size() - 2), n,
+                             back.data(), &used));
   }
-  std::vector<uint8_t> packed;
-  PackCodes(c, codes.data(), kN, &packed);
-  EXPECT_EQ(packed.size(), (12u * kN + 7) / 8);
-  std::vector<uint8_t> back(codes.size());
-  size_t used = 0;
-  ASSERT_TRUE(UnpackCodes(c, packed, kN, back.data(), &used));
-  EXPECT_EQ(used, packed.size());
-  EXPECT_EQ(back, codes);
-  EXPECT_FALSE(UnpackCodes(c, std::span<const uint8_t>(packed).first(packed.size() - 1), kN,
-                           back.data(), &used));
 }
 
 TEST(KvTransform, HalfConversionsMatchTheirPortableTwins) {

@@ -90,16 +90,17 @@ struct CodecSequence {
       EXPECT_TRUE(seq->mutable_storage().WriteBlock(seq->pool_block(b), decoded).ok());
     }
     std::vector<int32_t> out;
-    int32_t pos = full;
     EXPECT_TRUE(seq->Run(prompt.data() + full, static_cast<int32_t>(prompt.size()) - full, full, 1,
                          logits.data())
                     .ok());
-    pos = static_cast<int32_t>(prompt.size());
+    int32_t pos = static_cast<int32_t>(prompt.size());
     for (int32_t i = 0; i < n; ++i) {
       const int32_t next =
           static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       out.push_back(next);
-      if (i + 1 < n) EXPECT_TRUE(seq->Run(&next, 1, pos++, 1, logits.data()).ok());
+      if (i + 1 < n) {
+        EXPECT_TRUE(seq->Run(&next, 1, pos++, 1, logits.data()).ok());
+      }
     }
     return out;
   }

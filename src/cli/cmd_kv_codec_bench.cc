@@ -42,10 +42,11 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--chunks", a->max_chunks, "Score at most this many chunks (-1: all)")
       ->capture_default_str();
-  cmd->add_option("--codecs", a->codecs,
-                  "Comma-separated codecs (default: raw,zstd-q8_0,zstd-q4_0,zstd-turbo4,"
-                  "zstd-turbo3,tc:4,tc:3,tc:2,tc:1); raw-TYPE and zstd-TYPE take any KV type, "
-                  "tc:BITS[,sink=N] any budget (write tc:2;sink=0 here: ';' for ',')");
+  cmd->add_option(
+      "--codecs", a->codecs,
+      "Comma-separated codecs (default: raw,zstd-q8_0,zstd-q4_0,zstd-turbo4,"
+      "zstd-turbo3,tc:4,tc:3,tc:2,tc:1); raw-TYPE and zstd-TYPE take any KV type, "
+      "tc:BITS[,sink=N] any budget (tc:1,sink=4,tc:2: an option joins the codec before it)");
   cmd->add_option("--kv-calibration", a->kv_calibration,
                   "Text the transform basis is fitted on (and quantized keys calibrated on); use "
                   "another text than -f, or the figures are in-sample (default: a built-in "
@@ -72,7 +73,13 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
         const size_t comma = list.find(',', at);
         std::string name = list.substr(at, comma == std::string::npos ? comma : comma - at);
         for (char& ch : name) ch = ch == ';' ? ',' : ch;
-        if (!name.empty()) names.push_back(name);
+        // "tc:1,sink=4": an option (NAME=VALUE) belongs to the codec before it.
+        if (!names.empty() && name.find('=') != std::string::npos &&
+            name.find(':') == std::string::npos) {
+          names.back() += "," + name;
+        } else if (!name.empty()) {
+          names.push_back(name);
+        }
         if (comma == std::string::npos) break;
         at = comma + 1;
       }

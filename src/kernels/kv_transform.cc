@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#ifdef __BMI2__
+#include <immintrin.h>
+#endif
+#include <cstring>
 #include <numeric>
 
 #include "core/check.h"
@@ -131,57 +135,64 @@ void EncodeHeadVectors(const HeadCode& c, const float* x, int32_t n, uint8_t* co
 
 namespace {
 
-// x[j] = mean + sum_i coef[j][i] * u_i for positions j0, j0 + 1 (two at once: the component rows
-// are loaded once for both), dims [d0, d0 + W): 2 * W / 8 independent accumulators, enough
-// FMAs in flight to hide their latency. W a multiple of 8.
-template <int32_t W>
-void ReconstructPair(const HeadCode& c, const float* coef0, const float* coef1, int32_t d0,
-                     float* x0, float* x1) {
-  float a0[W], a1[W];
-  for (int32_t t = 0; t < W; ++t) a0[t] = a1[t] = c.mean[d0 + t];
+// x[p] = mean + sum_i coef[p][i] * u_i for P positions at once, dims [d0, d0 + W): each component
+// row is loaded once for the P positions, and the P * W / 16 accumulators (16 zmm for 4 x 64)
+// keep enough FMAs in flight to hide their latency. coef is [P][n_coded]; W a multiple of 8.
+template <int32_t P, int32_t W>
+void ReconstructTile(const HeadCode& c, const float* coef, int32_t d0, float* x) {
+  float a[P][W];
+  for (int32_t p = 0; p < P; ++p)
+    for (int32_t t = 0; t < W; ++t) a[p][t] = c.mean[d0 + t];
   const float* u = c.components.data() + d0;
   for (int32_t i = 0; i < c.n_coded; ++i, u += c.dim) {
-    const float c0 = coef0[i], c1 = coef1[i];
-    for (int32_t t = 0; t < W; ++t) {
-      a0[t] += c0 * u[t];
-      a1[t] += c1 * u[t];
+    for (int32_t p = 0; p < P; ++p) {
+      const float cp = coef[static_cast<size_t>(p) * c.n_coded + i];
+      for (int32_t t = 0; t < W; ++t) a[p][t] += cp * u[t];
     }
   }
-  for (int32_t t = 0; t < W; ++t) {
-    x0[d0 + t] = a0[t];
-    if (x1 != nullptr) x1[d0 + t] = a1[t];
+  for (int32_t p = 0; p < P; ++p)
+    for (int32_t t = 0; t < W; ++t) x[static_cast<size_t>(p) * c.dim + d0 + t] = a[p][t];
+}
+
+// Positions [j, j + P) of x from their coefficients, every dim.
+template <int32_t P>
+void ReconstructPositions(const HeadCode& c, const float* coef, float* x) {
+  int32_t d0 = 0;
+  for (; d0 + 64 <= c.dim; d0 += 64) ReconstructTile<P, 64>(c, coef, d0, x);
+  for (; d0 + 16 <= c.dim; d0 += 16) ReconstructTile<P, 16>(c, coef, d0, x);
+  for (; d0 < c.dim; ++d0) {  // a head size that is not a multiple of 16
+    for (int32_t p = 0; p < P; ++p) {
+      float a = c.mean[d0];
+      for (int32_t i = 0; i < c.n_coded; ++i)
+        a += coef[static_cast<size_t>(p) * c.n_coded + i] *
+             c.components[static_cast<size_t>(i) * c.dim + d0];
+      x[static_cast<size_t>(p) * c.dim + d0] = a;
+    }
   }
 }
 
 }  // namespace
 
 void DecodeHeadVectors(const HeadCode& c, const uint8_t* codes, int32_t n, float* x) {
-  thread_local std::vector<float> coef;  // [2][n_coded]
-  coef.resize(2 * static_cast<size_t>(c.n_coded));
-  float* c0 = coef.data();
-  float* c1 = coef.data() + c.n_coded;
-  for (int32_t j = 0; j < n; j += 2) {
-    const bool pair = j + 1 < n;
-    for (int32_t i = 0; i < c.n_coded; ++i) {
-      const float half = 0.5f * static_cast<float>((1 << c.bits[i]) - 1);
-      c0[i] = (static_cast<float>(codes[static_cast<size_t>(i) * n + j]) - half) * c.step[i];
-      c1[i] =
-          pair ? (static_cast<float>(codes[static_cast<size_t>(i) * n + j + 1]) - half) * c.step[i]
-               : 0.0f;
-    }
-    float* x0 = x + static_cast<size_t>(j) * c.dim;
-    float* x1 = pair ? x0 + c.dim : nullptr;
-    int32_t d0 = 0;
-    for (; d0 + 32 <= c.dim; d0 += 32) ReconstructPair<32>(c, c0, c1, d0, x0, x1);
-    for (; d0 + 8 <= c.dim; d0 += 8) ReconstructPair<8>(c, c0, c1, d0, x0, x1);
-    for (; d0 < c.dim; ++d0) {  // a head size that is not a multiple of 8
-      float a0 = c.mean[d0], a1 = c.mean[d0];
+  constexpr int32_t kTile = 4;
+  thread_local std::vector<float> coef;  // [kTile][n_coded]
+  coef.resize(kTile * static_cast<size_t>(c.n_coded));
+  for (int32_t j = 0; j < n; j += kTile) {
+    const int32_t m = std::min(kTile, n - j);
+    for (int32_t p = 0; p < m; ++p) {
       for (int32_t i = 0; i < c.n_coded; ++i) {
-        a0 += c0[i] * c.components[static_cast<size_t>(i) * c.dim + d0];
-        a1 += c1[i] * c.components[static_cast<size_t>(i) * c.dim + d0];
+        const float half = 0.5f * static_cast<float>((1 << c.bits[i]) - 1);
+        coef[static_cast<size_t>(p) * c.n_coded + i] =
+            (static_cast<float>(codes[static_cast<size_t>(i) * n + j + p]) - half) * c.step[i];
       }
-      x0[d0] = a0;
-      if (x1 != nullptr) x1[d0] = a1;
+    }
+    float* xj = x + static_cast<size_t>(j) * c.dim;
+    if (m == kTile) {
+      ReconstructPositions<kTile>(c, coef.data(), xj);
+    } else {
+      for (int32_t p = 0; p < m; ++p)
+        ReconstructPositions<1>(c, coef.data() + static_cast<size_t>(p) * c.n_coded,
+                                xj + static_cast<size_t>(p) * c.dim);
     }
   }
 }
@@ -204,10 +215,50 @@ void PackCodes(const HeadCode& c, const uint8_t* codes, int32_t n, std::vector<u
   if (filled > 0) out->push_back(static_cast<uint8_t>(acc));
 }
 
+namespace {
+
+// 8 codes of b bits from the low 8 * b bits of w, one per byte.
+inline uint64_t SpreadCodes(uint64_t w, int32_t b) {
+  const uint64_t mask = 0x0101010101010101ull * ((1u << b) - 1);
+#ifdef __BMI2__
+  return _pdep_u64(w, mask);
+#else
+  uint64_t out = 0;
+  for (int32_t k = 0; k < 8; ++k) out |= ((w >> (k * b)) & ((1u << b) - 1)) << (8 * k);
+  return out & mask;
+#endif
+}
+
+}  // namespace
+
 bool UnpackCodes(const HeadCode& c, std::span<const uint8_t> in, int32_t n, uint8_t* codes,
                  size_t* used) {
   const size_t need = (static_cast<size_t>(c.total_bits()) * n + 7) / 8;
   if (in.size() < need) return false;
+  if (n % 8 == 0) {
+    // Whole bytes per 8 codes (b of them): each group of 8 starts on a byte boundary.
+    const uint8_t* at = in.data();
+    const uint8_t* const end = in.data() + in.size();
+    for (int32_t i = 0; i < c.n_coded; ++i) {
+      const int32_t b = c.bits[i];
+      uint8_t* out = codes + static_cast<size_t>(i) * n;
+      for (int32_t j = 0; j < n; j += 8, at += b) {
+        // Little-endian, the packer's order. A whole word where the input has one (its bytes
+        // past the b read are ignored by SpreadCodes): a b-byte copy would stall the load.
+        uint64_t w = 0;
+        if (end - at >= 8) {
+          std::memcpy(&w, at, 8);
+          if (b < 8) w &= (uint64_t{1} << (8 * b)) - 1;
+        } else {
+          std::memcpy(&w, at, static_cast<size_t>(b));
+        }
+        const uint64_t spread = SpreadCodes(w, b);
+        std::memcpy(out + j, &spread, 8);
+      }
+    }
+    *used = need;
+    return true;
+  }
   uint64_t acc = 0;
   int32_t filled = 0;
   size_t at = 0;
