@@ -19,9 +19,11 @@ namespace {
 
 constexpr int32_t kLayers = 16, kHeads = 8, kDim = 64;
 
-// Vectors with variance 2^(-i/6) along random directions: a spectrum like trained keys'.
-std::shared_ptr<const KvTransforms> SyntheticFit() {
-  static std::shared_ptr<const KvTransforms> fit = [] {
+// Vectors with variance 2^(-i/6) along random directions: a spectrum like trained keys'; or
+// (flat) of equal variance, like a random-weight model's, where every component gets bits and
+// decoding does the most multiply-adds.
+std::shared_ptr<const KvTransforms> MakeSyntheticFit(bool flat) {
+  {
     std::mt19937 rng(7);
     std::normal_distribution<float> g(0.0f, 1.0f);
     auto t = std::make_shared<KvTransforms>();
@@ -33,15 +35,20 @@ std::shared_ptr<const KvTransforms> SyntheticFit() {
     for (int32_t h = 0; h < kLayers * kHeads; ++h) {
       for (auto* heads : {&t->keys, &t->values}) {
         for (int32_t j = 0; j < n; ++j) {
-          for (int32_t d = 0; d < kDim; ++d) x[j * kDim + d] = g(rng) * std::exp2(-d / 12.0f);
+          for (int32_t d = 0; d < kDim; ++d)
+            x[j * kDim + d] = g(rng) * (flat ? 1.0f : std::exp2(-d / 12.0f));
         }
         heads->push_back(FitHeadTransform(x.data(), n, kDim, kDim));
       }
     }
     t->digest = {1, 2};
     return t;
-  }();
-  return fit;
+  }
+}
+std::shared_ptr<const KvTransforms> SyntheticFit(bool flat) {
+  static const std::shared_ptr<const KvTransforms> fits[2] = {MakeSyntheticFit(false),
+                                                              MakeSyntheticFit(true)};
+  return fits[flat ? 1 : 0];
 }
 
 void BM_TransformCodec(benchmark::State& state) {
@@ -49,6 +56,7 @@ void BM_TransformCodec(benchmark::State& state) {
   const KvType type = state.range(1) == 0 ? KvType::kF16 : KvType::kQ8_0;
   const int32_t threads = static_cast<int32_t>(state.range(2));
   const bool decode = state.range(3) == 1;
+  const bool flat = state.range(4) == 1;
   KvGeometry g{kLayers, kHeads, kDim, kDim, 16, type, type};
   KvRope rope;
   rope.n_rot = kDim;
@@ -56,7 +64,7 @@ void BM_TransformCodec(benchmark::State& state) {
   TransformCodecOptions o;
   o.bits = bits;
   o.decode_threads = threads;
-  auto codec = TransformCodec::Make(format, SyntheticFit(), o);
+  auto codec = TransformCodec::Make(format, SyntheticFit(flat), o);
   // A block of the pool's type holding random vectors.
   KvStorage storage(format, 2);
   std::mt19937 rng(3);
@@ -82,11 +90,12 @@ void BM_TransformCodec(benchmark::State& state) {
   const double f16_bytes = 2.0 * kLayers * kHeads * 2 * kDim * 16;
   state.counters["f16_MB/s"] =
       benchmark::Counter(f16_bytes * state.iterations() / 1e6, benchmark::Counter::kIsRate);
-  state.SetLabel(StrFormat("tc:%g %s %s %d thread(s)", bits, type == KvType::kF16 ? "f16" : "q8_0",
-                           decode ? "decode" : "encode", threads));
+  state.SetLabel(StrFormat("tc:%g %s %s %d thread(s)%s", bits,
+                           type == KvType::kF16 ? "f16" : "q8_0", decode ? "decode" : "encode",
+                           threads, flat ? ", flat spectrum" : ""));
 }
 BENCHMARK(BM_TransformCodec)
-    ->ArgsProduct({{1, 2, 4}, {0, 1}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{1, 2, 4}, {0, 1}, {1, 2}, {0, 1}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -115,7 +115,7 @@ TEST(KvTransform, CodesMatchTheScalarTwinAndShrinkTheErrorWithBits) {
     for (double bpe : {0.5, 1.0, 2.0, 4.0}) {
       const HeadCode c = MakeHeadCode(t, bpe);
       ASSERT_GT(c.n_coded, 0);
-      constexpr int32_t kN = 17;  // odd: the decoder's last position has no pair
+      constexpr int32_t kN = 17;  // not a multiple of the coders' tiles (16 and 4 positions)
       std::vector<uint8_t> codes(static_cast<size_t>(c.n_coded) * kN);
       EncodeHeadVectors(c, x.data(), kN, codes.data());
       std::vector<float> y(static_cast<size_t>(kN) * dim);

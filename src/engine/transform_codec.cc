@@ -355,42 +355,61 @@ Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint
   const int32_t n = g.block_size - n_sink;
   const size_t n_codes = layer_code_offset_.back() * n;
   std::vector<uint8_t> codes(n_codes);
-  if (flags & kFlagZstd) {
+  const bool zstd = (flags & kFlagZstd) != 0;
+  // Where each layer's packed codes start in the body: whole bytes per head (UnpackCodes').
+  std::vector<size_t> packed_at(g.n_layer + 1, 0);
+  for (int32_t l = 0; l < g.n_layer; ++l) {
+    size_t bytes = 0;
+    for (int32_t h = 0; h < g.n_head_kv; ++h) {
+      const size_t head = static_cast<size_t>(l) * g.n_head_kv + h;
+      for (const HeadCode* code : {&keys_[head], &values_[head]})
+        bytes += (static_cast<size_t>(code->total_bits()) * n + 7) / 8;
+    }
+    packed_at[l + 1] = packed_at[l] + bytes;
+  }
+  if (zstd) {
     const size_t got = ZSTD_decompress(codes.data(), codes.size(), body.data(), body.size());
     if (ZSTD_isError(got) || got != n_codes) {
       return Status::Error("transform payload: the codes do not decompress to their size");
     }
-    for (size_t head = 0, at = 0; head < keys_.size(); ++head) {
-      for (const HeadCode* code : {&keys_[head], &values_[head]}) {
-        for (size_t i = 0; i < static_cast<size_t>(code->n_coded); ++i) {
-          const uint8_t max = static_cast<uint8_t>((1u << code->bits[i]) - 1);
-          for (int32_t j = 0; j < n; ++j, ++at) {
-            if (codes[at] > max) return Status::Error("transform payload: a code out of range");
-          }
-        }
-      }
-    }
-  } else {
-    size_t in = 0, out = 0;
-    for (size_t head = 0; head < keys_.size(); ++head) {
-      for (const HeadCode* code : {&keys_[head], &values_[head]}) {
-        size_t used = 0;
-        if (n > 0 && !UnpackCodes(*code, body.subspan(in), n, codes.data() + out, &used)) {
-          return Status::Error("transform payload: truncated codes");
-        }
-        in += used;
-        out += static_cast<size_t>(code->n_coded) * n;
-      }
-    }
-    if (in != body.size()) return Status::Error("transform payload: trailing bytes");
+  } else if (packed_at.back() != body.size()) {
+    return Status::Error(body.size() < packed_at.back() ? "transform payload: truncated codes"
+                                                        : "transform payload: trailing bytes");
   }
   block->assign(g.BytesPerBlock(), 0);
   std::vector<float> cos_sin, table;
   FillRope(first_position, &cos_sin, &table);
   std::vector<KvLayerView> views;
   Views(block->data(), table.data(), &views);
+  // Each layer's codes are unpacked (or, zstd's, range-checked) by the thread that decodes it.
+  std::atomic<bool> bad_codes{false};
   const auto run = [&](int, size_t begin, size_t end) {
     for (size_t l = begin; l < end; ++l) {
+      uint8_t* out = codes.data() + layer_code_offset_[l] * n;
+      size_t in = packed_at[l];
+      for (int32_t h = 0; h < g.n_head_kv && n > 0; ++h) {
+        const size_t head = l * g.n_head_kv + h;
+        for (const HeadCode* code : {&keys_[head], &values_[head]}) {
+          const size_t count = static_cast<size_t>(code->n_coded) * n;
+          if (zstd) {
+            for (size_t i = 0; i < static_cast<size_t>(code->n_coded); ++i) {
+              const uint8_t max = static_cast<uint8_t>((1u << code->bits[i]) - 1);
+              for (int32_t j = 0; j < n; ++j) {
+                if (out[i * n + j] > max) bad_codes.store(true, std::memory_order_relaxed);
+              }
+            }
+          } else {
+            size_t used = 0;
+            if (!UnpackCodes(*code, body.subspan(in, packed_at[l + 1] - in), n, out, &used)) {
+              bad_codes.store(true, std::memory_order_relaxed);
+              return;
+            }
+            in += used;
+          }
+          out += count;
+        }
+      }
+      if (bad_codes.load(std::memory_order_relaxed)) return;
       DecodeLayer(static_cast<int32_t>(l), views[l], codes.data(), layer_code_offset_[l] * n,
                   sinks.data(), n_sink, cos_sin.data());
     }
@@ -401,6 +420,7 @@ Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint
   } else {
     run(0, 0, g.n_layer);
   }
+  if (bad_codes.load()) return Status::Error("transform payload: codes out of range");
   return Status::Ok();
 }
 
