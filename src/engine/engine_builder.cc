@@ -220,7 +220,9 @@ Expected<std::shared_ptr<const KvBlockCodec>> EngineBuilder::TransformCodecFor(
     if (!fit.ok()) return fit.status();
     transforms_ = *fit;
   }
-  auto codec = TransformCodec::Make(format, transforms_, options);
+  TransformCodecOptions o = options;
+  o.decode_threads = pool_.size();  // loads decode on as many threads as -t
+  auto codec = TransformCodec::Make(format, transforms_, o);
   if (!codec.ok()) return codec.status();
   KVS_LOG_INFO("kv codec: %s spends %.2f bits per element on the coded components",
                (*codec)->name().c_str(), (*codec)->allocated_bits_per_element());
