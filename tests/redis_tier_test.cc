@@ -453,7 +453,8 @@ struct Served {
 
 class Replica {
  public:
-  Replica(const Model& model, const std::string& url)
+  // transform_bits > 0: blocks transform-coded (--kv-redis-codec tc:BITS).
+  Replica(const Model& model, const std::string& url, double transform_bits = 0)
       : pool_(2), builder_(model, nullptr, pool_, KvFormatWithTypes({KvType::kF16, KvType::kF16})) {
     EngineConfig cfg;
     cfg.n_ctx = 256;
@@ -464,6 +465,11 @@ class Replica {
     cfg.verify_each_step = true;
     cfg.kv_redis.url = url;
     cfg.kv_redis.timeout_ms = 300;
+    if (transform_bits > 0) {
+      TransformCodecOptions tc;
+      tc.bits = transform_bits;
+      cfg.kv_redis.transform_options = tc;
+    }
     auto local = builder_.Local(cfg);
     EXPECT_TRUE(local.ok()) << local.error();
     if (local.ok()) local_ = std::move(*local);
@@ -517,6 +523,40 @@ TEST(RedisTier, AReplicaLoadsWhatAnotherComputedAndFindsTheSameTokens) {
   EXPECT_EQ(shared.redis_tokens, (std::vector<int32_t>{64, 64, 64}));
   EXPECT_EQ(b.stats().hits, 12);
   EXPECT_EQ(b.stats().corrupt, 0);
+}
+
+// --kv-redis-codec tc:2: replicas share transform-coded blocks (8x smaller than f16 here), every
+// loading replica decodes them to the same KV (the same tokens), and a replica of another budget
+// finds them unreadable: misses, computed, never loaded.
+TEST(RedisTier, ReplicasShareTransformCodedBlocksAndAnotherBudgetLoadsNone) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  RedisServer server;
+  REQUIRE_REDIS(server);
+  const auto prompts = Prompts(*model);
+  Replica cold(*model, "redis://127.0.0.1:" + std::to_string(RedisServer::FreePort()));
+  const Served reference = cold.Serve(prompts);
+
+  Replica a(*model, server.url(), 2);
+  EXPECT_EQ(a.Serve(prompts).tokens, reference.tokens);  // computed: nothing was stored yet
+  a.engine().FlushTier(/*wait=*/true);
+  const KvTierStats written = a.stats();
+  EXPECT_EQ(written.blocks_written, 3 * 4);
+  EXPECT_LT(written.bytes_written * 4, written.payload_bytes_written);
+  Replica b(*model, server.url(), 2), c(*model, server.url(), 2);
+  const Served from_b = b.Serve(prompts), from_c = c.Serve(prompts);
+  EXPECT_EQ(from_b.redis_tokens, (std::vector<int32_t>{64, 64, 64}));
+  EXPECT_EQ(b.stats().hits, 12);
+  EXPECT_EQ(b.stats().corrupt, 0);
+  EXPECT_EQ(from_c.tokens, from_b.tokens);
+  EXPECT_EQ(c.stats().hits, 12);
+
+  Replica other(*model, server.url(), 3);
+  const Served from_other = other.Serve(prompts);
+  EXPECT_EQ(from_other.tokens, reference.tokens);
+  EXPECT_EQ(from_other.redis_tokens, (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_EQ(other.stats().hits, 0);
+  EXPECT_GT(other.stats().corrupt, 0);
 }
 
 TEST(RedisTier, AnotherBlocksBytesOrGarbageUnderAKeyIsRecomputedNeverLoaded) {
