@@ -315,5 +315,24 @@ assert j32['base_cache_type'] == 'f32' and j32['kl_mean'] > 0
 expect_error "perplexity --kl-base-type q8_0" "KL base cache must be f32, f16 or bf16" \
   "$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 -t 2 --kl-base --kl-base-type q8_0
 
+# The cold tiers' codecs (issue #23): kv codec-bench's JSON (stdout only JSON; raw is lossless,
+# tc at 2 bits is 5-8x smaller than f16 and lossy), and the codec flags' errors.
+out=$("$BIN" kv codec-bench -m "$S" -f "$TMP/text.txt" -c 64 -t 2 --codecs raw,zstd-q8_0,tc:2 --json 2>/dev/null)
+if python3 -c "
+import json, sys
+j = json.loads(sys.argv[1])
+c = {x['name']: x for x in j['codecs']}
+keys = ['name', 'bits_per_element', 'ratio_vs_f16', 'encode_mb_s', 'decode_mb_s', 'delta_ppl_pct', 'kl_mean', 'top1_agree_pct']
+assert list(c) == ['raw', 'zstd-q8_0', 'tc:2'] and all(k in x for x in j['codecs'] for k in keys)
+assert c['raw']['kl_mean'] < 1e-6 and c['raw']['top1_agree_pct'] == 100 and 0.9 < c['raw']['ratio_vs_f16'] < 1.01
+assert 1.5 < c['zstd-q8_0']['ratio_vs_f16'] < 2.1
+assert 5 < c['tc:2']['ratio_vs_f16'] < 8.5 and c['tc:2']['kl_mean'] > 0 and c['tc:2']['decode_mb_s'] > 0
+" "$out"; then pass "kv codec-bench --json"; else fail "kv codec-bench --json gave '$out'"; fi
+expect_error "--kv-disk-codec tc:9" "tc:9" "$BIN" generate -m "$S" -n 1 --kv-disk "$TMP/tc" --kv-disk-codec tc:9
+expect_error "--kv-disk-codec tc:" "tc:" "$BIN" generate -m "$S" -n 1 --kv-disk "$TMP/tc" --kv-disk-codec tc:
+expect_error "--kv-disk-codec tc:2,sink=x" "sink" "$BIN" generate -m "$S" -n 1 --kv-disk "$TMP/tc" --kv-disk-codec tc:2,sink=x
+expect_error "--kv-redis-codec without --kv-redis" "--kv-redis" "$BIN" generate -m "$S" -n 1 --kv-redis-codec tc:2
+expect_error "kv codec-bench --codecs nonsense" "nonsense" "$BIN" kv codec-bench -m "$S" -f "$TMP/text.txt" -c 64 --codecs raw,nonsense
+
 echo "$failures failed"
 [ $failures -eq 0 ]

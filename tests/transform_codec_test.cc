@@ -338,8 +338,8 @@ TEST(TransformCodec, FitIsSavedReusedAndRefittedWhenDamaged) {
   EXPECT_EQ(e.fit->digest, a.fit->digest);
 }
 
-// A payload decodes only with the codec that made it: another bit budget, fit or KV format, a
-// truncation at any length, or a changed header byte is an error (the block file's checksum
+// A payload decodes only with the codec that made it: another bit budget, fit, KV format or model,
+// a truncation at any length, or a changed header byte is an error (the block file's checksum
 // covers the payload besides); a block file reader without the codec cannot read it.
 TEST(TransformCodec, AnotherFitBudgetFormatOrTruncationIsAnError) {
   auto model = testing::LoadTestModel(kModel);
@@ -370,6 +370,11 @@ TEST(TransformCodec, AnotherFitBudgetFormatOrTruncationIsAnError) {
   CodecSequence f16(*model, {KvType::kF16, KvType::kF16}, 2);
   ASSERT_TRUE(f16.ok());
   EXPECT_FALSE(f16.codec->Decode(*payload, &decoded).ok());
+  if (auto other_model = testing::LoadTestModel("stories-hd64-3M.gguf")) {
+    CodecSequence another(*other_model, f32, 2);
+    ASSERT_TRUE(another.ok());
+    EXPECT_FALSE(another.codec->Decode(*payload, &decoded).ok()) << "another model's codec";
+  }
 
   for (size_t n = 0; n < payload->size(); ++n) {
     EXPECT_FALSE(cs.codec->Decode(std::span<const uint8_t>(payload->data(), n), &decoded).ok())
