@@ -333,6 +333,15 @@ expect_error "--kv-disk-codec tc:" "tc:" "$BIN" generate -m "$S" -n 1 --kv-disk 
 expect_error "--kv-disk-codec tc:2,sink=x" "sink" "$BIN" generate -m "$S" -n 1 --kv-disk "$TMP/tc" --kv-disk-codec tc:2,sink=x
 expect_error "--kv-redis-codec without --kv-redis" "--kv-redis" "$BIN" generate -m "$S" -n 1 --kv-redis-codec tc:2
 expect_error "kv codec-bench --codecs nonsense" "nonsense" "$BIN" kv codec-bench -m "$S" -f "$TMP/text.txt" -c 64 --codecs raw,nonsense
+expect_error "kv codec-bench --codecs twice" "listed twice" "$BIN" kv codec-bench -m "$S" -f "$TMP/text.txt" -c 64 --codecs tc:2,raw,tc:2
+expect_error "kv codec-bench --codecs empty entry" "empty codec" "$BIN" kv codec-bench -m "$S" -f "$TMP/text.txt" -c 64 --codecs raw,,tc:2
+expect_error "kv codec-bench --chunks 0" "--chunks" "$BIN" kv codec-bench -m "$S" -f "$TMP/text.txt" -c 64 --chunks 0
+expect_error "kv codec-bench --kv-calibration-tokens alone" "only used with --kv-calibration" "$BIN" kv codec-bench -m "$S" -f "$TMP/text.txt" -c 64 --kv-calibration-tokens 100
+expect_error "--kv-calibration-tokens alone" "only used with --kv-calibration" "$BIN" generate -m "$S" -n 1 --kv-calibration-tokens 100
+expect_error "--kv-disk-codec tc:0.01 (no bits for a head)" "no bits" "$BIN" generate -m "$S" -n 1 --kv-disk "$TMP/tc" --kv-disk-codec tc:0.01
+expect_error "--kv-disk-codec tc:2,sink=1,sink=2" "twice" "$BIN" generate -m "$S" -n 1 --kv-disk "$TMP/tc" --kv-disk-codec tc:2,sink=1,sink=2
+expect_error "--kv-disk-codec tc:0x1p1" "tc:0x1p1" "$BIN" generate -m "$S" -n 1 --kv-disk "$TMP/tc" --kv-disk-codec tc:0x1p1
+expect_error "--kv-redis-codec raw" "expected zstd or tc" "$BIN" generate -m "$S" -n 1 --kv-redis redis://127.0.0.1:1 --kv-redis-codec raw
 
 echo "$failures failed"
 [ $failures -eq 0 ]

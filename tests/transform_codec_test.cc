@@ -371,10 +371,30 @@ TEST(TransformCodec, AnotherFitBudgetFormatOrTruncationIsAnError) {
   ASSERT_TRUE(f16.ok());
   EXPECT_FALSE(f16.codec->Decode(*payload, &decoded).ok());
   if (auto other_model = testing::LoadTestModel("stories-hd64-3M.gguf")) {
-    CodecSequence another(*other_model, f32, 2);
+    CodecSequence another(*other_model, f32, 7.9918);
     ASSERT_TRUE(another.ok());
     EXPECT_FALSE(another.codec->Decode(*payload, &decoded).ok()) << "another model's codec";
+    // Two budgets a thousandth apart whose allocations differ (511 and 512 bits of a 64-dim
+    // vector) name different fits: the payload of one is refused by the other.
+    auto near =
+        TransformCodec::Make(another.seq->storage().shared_format(), another.fit, Bits(7.9924));
+    ASSERT_TRUE(near.ok());
+    ASSERT_TRUE(another.seq->Run(prompt.data(), 32, 0, 0, nullptr).ok());
+    std::vector<uint8_t> hd64_block;
+    ASSERT_TRUE(another.seq->storage().ReadBlock(another.seq->pool_block(1), &hd64_block).ok());
+    auto coded = another.codec->Encode(hd64_block, kBlock);
+    ASSERT_TRUE(coded.ok());
+    EXPECT_TRUE(another.codec->Decode(*coded, &decoded).ok());
+    EXPECT_FALSE((*near)->Decode(*coded, &decoded).ok());
+    EXPECT_TRUE((*near)->OtherFit(*coded));
   }
+  // A budget that gives a head no bits at all is refused (head_dim 8: below 1/16 bit).
+  EXPECT_FALSE(TransformCodec::Make(cs.seq->storage().shared_format(), cs.fit, Bits(0.05)).ok());
+  EXPECT_TRUE(TransformCodec::Make(cs.seq->storage().shared_format(), cs.fit, Bits(0.0625)).ok());
+  // Another fit's payload is "another fit" (a store of other settings); garbage is not.
+  EXPECT_TRUE((*three)->OtherFit(*payload));
+  EXPECT_FALSE(cs.codec->OtherFit(*payload));
+  EXPECT_FALSE(cs.codec->OtherFit(std::vector<uint8_t>(64, 0x5a)));
 
   for (size_t n = 0; n < payload->size(); ++n) {
     EXPECT_FALSE(cs.codec->Decode(std::span<const uint8_t>(payload->data(), n), &decoded).ok())
@@ -411,10 +431,9 @@ TEST(TransformCodec, AnotherFitBudgetFormatOrTruncationIsAnError) {
   EXPECT_FALSE(DecodeBlockFile(*file, identity, header.hash, three->get()).ok());
 }
 
-// An engine restarted over a store coded with another budget, or without the codec, finds every
-// stored block unreadable: each is counted corrupt and removed (the loads of a chain's blocks
-// go out together), nothing is loaded, and the prompts are computed (the tokens of an engine
-// without a tier).
+// An engine restarted over a store coded with another budget, or without the codec, finds the
+// stored blocks written with other settings: misses, not corrupt, nothing loaded, the prompts
+// computed (the tokens of an engine without a tier) and stored again in the engine's codec.
 TEST(TransformCodec, EngineWithAnotherCodecLoadsNothing) {
   auto model = testing::LoadTestModel(kModel);
   if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
@@ -436,8 +455,15 @@ TEST(TransformCodec, EngineWithAnotherCodecLoadsNothing) {
     const Served run = second.Serve(prompts);
     EXPECT_EQ(run.tokens, cold_tokens);
     EXPECT_EQ(run.tier.hits, 0);
-    EXPECT_EQ(run.tier.corrupt, 2 * 4);
+    EXPECT_EQ(run.tier.corrupt, 0);
+    EXPECT_GT(run.tier.misses, 0);
     EXPECT_EQ(run.disk_tokens, (std::vector<int32_t>{0, 0}));
+    // Rewritten in the second engine's codec: a third engine of its settings loads them all.
+    second.engine().FlushTier(true);
+    TierEngine third(*model, f16, dir.path(), reader);
+    const Served again = third.Serve(prompts);
+    EXPECT_EQ(again.tier.hits, 2 * 4);
+    EXPECT_EQ(again.tier.corrupt, 0);
   }
 }
 

@@ -1,7 +1,9 @@
 // `kvserve kv codec-bench`: the cold tiers' block codecs side by side (engine/codec_bench.h):
 // size against f16, encode and decode speed, and the change in perplexity, KL and top-1 when a
 // text's context KV goes through each codec and back.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -42,7 +44,7 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--chunks", a->max_chunks, "Score at most this many chunks (-1: all)")
       ->capture_default_str();
-  cmd->add_option(
+  CLI::Option* codecs_flag = cmd->add_option(
       "--codecs", a->codecs,
       "Comma-separated codecs (default: raw,zstd-q8_0,zstd-q4_0,zstd-turbo4,"
       "zstd-turbo3,tc:4,tc:3,tc:2,tc:1); raw-TYPE and zstd-TYPE take any KV type, "
@@ -51,12 +53,13 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
                   "Text the transform basis is fitted on (and quantized keys calibrated on); use "
                   "another text than -f, or the figures are in-sample (default: a built-in "
                   "paragraph, too short for a good basis)");
-  cmd->add_option("--kv-calibration-tokens", a->calibration_tokens, kKvCalibrationTokensHelp)
-      ->capture_default_str()
-      ->check(CLI::Range(16, kMaxCalibrationTokensFlag));
+  CLI::Option* calibration_tokens_flag =
+      cmd->add_option("--kv-calibration-tokens", a->calibration_tokens, kKvCalibrationTokensHelp)
+          ->capture_default_str()
+          ->check(CLI::Range(16, kMaxCalibrationTokensFlag));
   cmd->add_flag("--json", a->json, "Print one JSON object (an array \"codecs\") on stdout");
   AddModelFlags(cmd, &a->model_options);
-  return [a, cmd]() -> int {
+  return [a, cmd, codecs_flag, calibration_tokens_flag]() -> int {
     if (!cmd->parsed()) return -1;
     CodecBenchOptions options;
     options.n_ctx = a->n_ctx;
@@ -64,8 +67,19 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
       std::fprintf(stderr, "error: -c %d: the context must be a multiple of 32\n", a->n_ctx);
       return 1;
     }
+    if (a->max_chunks == 0 || a->max_chunks < -1) {
+      std::fprintf(stderr, "error: --chunks %d: give a count of at least 1, or -1 for all\n",
+                   a->max_chunks);
+      return 1;
+    }
+    if (a->kv_calibration.empty() && calibration_tokens_flag->count() > 0) {
+      std::fprintf(stderr,
+                   "error: --kv-calibration-tokens is only used with --kv-calibration FILE (the "
+                   "built-in paragraph is 64 tokens)\n");
+      return 1;
+    }
     std::vector<std::string> names;
-    if (a->codecs.empty()) {
+    if (codecs_flag->count() == 0) {
       names = DefaultCodecBenchVariants();
     } else {
       std::string list = a->codecs;
@@ -77,7 +91,13 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
         if (!names.empty() && name.find('=') != std::string::npos &&
             name.find(':') == std::string::npos) {
           names.back() += "," + name;
-        } else if (!name.empty()) {
+        } else if (name.empty()) {
+          std::fprintf(stderr, "error: --codecs '%s': an empty codec name\n", list.c_str());
+          return 1;
+        } else if (std::find(names.begin(), names.end(), name) != names.end()) {
+          std::fprintf(stderr, "error: --codecs: %s is listed twice\n", name.c_str());
+          return 1;
+        } else {
           names.push_back(name);
         }
         if (comma == std::string::npos) break;
@@ -107,6 +127,13 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
     }
     options.bos_id = tok.add_bos() ? tok.bos_id() : -1;
     std::string calibration_source = "built-in paragraph";
+    std::error_code same_ec;
+    if (!a->kv_calibration.empty() &&
+        std::filesystem::equivalent(a->kv_calibration, a->file, same_ec)) {
+      std::fprintf(stderr,
+                   "warning: --kv-calibration is the scored text (-f): the basis is fitted on "
+                   "what it codes, and the figures are in-sample (optimistic)\n");
+    }
     if (!a->kv_calibration.empty()) {
       KvFormatOptions kv;
       if (Status st = UseCalibrationFile(a->kv_calibration, tok, &kv, a->calibration_tokens);

@@ -78,9 +78,10 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f, int32_t default_parallel) {
                   "KV cache type of values (same choices); also -ctv")
       ->capture_default_str();
   cmd->add_option("--kv-calibration", o.kv_calibration_file, kKvCalibrationHelp);
-  cmd->add_option("--kv-calibration-tokens", o.kv_calibration_tokens, kKvCalibrationTokensHelp)
-      ->capture_default_str()
-      ->check(CLI::Range(16, kvs::kMaxCalibrationTokensFlag));
+  f->kv_calibration_tokens_flag =
+      cmd->add_option("--kv-calibration-tokens", o.kv_calibration_tokens, kKvCalibrationTokensHelp)
+          ->capture_default_str()
+          ->check(CLI::Range(16, kvs::kMaxCalibrationTokensFlag));
   cmd->add_flag("!--no-prefix-cache", o.prefix_cache,
                 "Do not share the KV of repeated prompt prefixes between requests");
   AddSpecFlags(cmd, f);
@@ -207,7 +208,8 @@ void AddKvRedisFlags(CLI::App* cmd, EngineFlags* f) {
                       "(transform-coded, as --kv-disk-codec)")
           ->capture_default_str()
           ->check([](const std::string& s) -> std::string {
-            return s == "zstd" ? "" : CheckBlockCodec(s);
+            if (s.rfind("tc:", 0) == 0) return CheckBlockCodec(s);
+            return s == "zstd" ? "" : "expected zstd or tc:BITS[,sink=N]";
           });
   cmd->add_option("--kv-redis-password-file", o.kv_redis_password_file,
                   "Shared tier: read Redis's password from the first line of FILE (kept out of "
@@ -363,6 +365,13 @@ bool ResolveKvMemory(EngineFlags* f) {
       std::fprintf(stderr, "error: --kv-disk-size is only used with --kv-disk DIR\n");
       return false;
     }
+  }
+  if (f->options.kv_calibration_file.empty() && f->kv_calibration_tokens_flag &&
+      f->kv_calibration_tokens_flag->count() > 0) {
+    std::fprintf(stderr,
+                 "error: --kv-calibration-tokens is only used with --kv-calibration FILE (the "
+                 "built-in paragraph is 64 tokens)\n");
+    return false;
   }
   if (f->options.kv_redis.empty() && f->kv_redis_codec_flag &&
       f->kv_redis_codec_flag->count() > 0) {

@@ -17,8 +17,9 @@ struct EngineFlags {
   std::string kv_disk_size;  // --kv-disk-size BYTES
   CLI::Option* kv_disk_policy_flag = nullptr;  // given without --kv-disk: an error
   CLI::Option* kv_disk_codec_flag = nullptr;
-  CLI::Option* kv_redis_codec_flag = nullptr;  // given without --kv-redis: an error
-  std::string draft_model_path;                // -md/--model-draft
+  CLI::Option* kv_redis_codec_flag = nullptr;         // given without --kv-redis: an error
+  CLI::Option* kv_calibration_tokens_flag = nullptr;  // without --kv-calibration: an error
+  std::string draft_model_path;                       // -md/--model-draft
   // The speculation flags that only some --spec-type use: given with another, they are an
   // error rather than silently ignored (AddSpecFlags sets them, ResolveSpecFlags reads them).
   CLI::Option* draft_max_flag = nullptr;

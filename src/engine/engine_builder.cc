@@ -220,8 +220,11 @@ Expected<std::shared_ptr<const KvBlockCodec>> EngineBuilder::TransformCodecFor(
     if (!fit.ok()) return fit.status();
     transforms_ = *fit;
   }
+  // Loads decode on the loader's own thread: beside the step's threads, which keep the cores
+  // busy (and spin between loops), a second pool of decoders would oversubscribe them (measured
+  // 10x slower with -t 2 on 2 cores). kv codec-bench measures the codec's multi-threaded rate.
   TransformCodecOptions o = options;
-  o.decode_threads = pool_.size();  // loads decode on as many threads as -t
+  o.decode_threads = 1;
   auto codec = TransformCodec::Make(format, transforms_, o);
   if (!codec.ok()) return codec.status();
   KVS_LOG_INFO("kv codec: %s spends %.2f bits per element on the coded components",

@@ -237,11 +237,19 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
           static_cast<int>(store_->name().size()), store_->name().data());
     }
     if (r.corrupt) {
+      KVS_LOG_WARN("kv %.*s: %d stored block(s) failed a check, recomputed (and removed%s): %s",
+                   static_cast<int>(store_->name().size()), store_->name().data(), r.corrupt,
+                   store_->KnowsContents()
+                       ? ", unless a directory with contents holds the name: then never used"
+                       : "",
+                   r.error.c_str());
+    }
+    if (!other_codec_logged_ && loader_->other_codec_blocks() > 0) {
+      other_codec_logged_ = true;
       KVS_LOG_WARN(
-          "kv %.*s: %d stored block(s) failed a check, recomputed (and removed, unless a "
-          "directory with contents holds the name: then never used): %s",
-          static_cast<int>(store_->name().size()), store_->name().data(), r.corrupt,
-          r.error.c_str());
+          "kv %.*s: stored blocks were written with other codec settings (another tc budget, "
+          "calibration or none): recomputed and stored again with this tier's (logged once)",
+          static_cast<int>(store_->name().size()), store_->name().data());
     }
     if (Sequence* seq = find(load.seq)) {
       seq->kv_loading = false;

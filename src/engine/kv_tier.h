@@ -193,6 +193,7 @@ class KvTier {
   std::vector<uint8_t> scratch_;
   std::atomic<int64_t> hits_{0}, misses_{0}, corrupt_{0}, bytes_read_{0}, loaded_tokens_{0};
   std::atomic<int64_t> load_ns_{0}, load_deadlines_{0};
+  bool other_codec_logged_ = false;  // the step thread's
   bool reported_failure_ = false;
 };
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "core/log.h"
 #include "engine/kv_format_factory.h"
@@ -225,7 +226,15 @@ Expected<std::shared_ptr<const KvTransforms>> LoadOrFitKvTransforms(
   const std::string name = "tc-" + key.Hex() + ".basis";
   const KvGeometry g = ModelKvGeometry(model.config(), kKvBlockTokens);
   if (!dir.empty()) {
-    auto bytes = ReadBlockFileBytes(dir + "/" + name);
+    const std::string path = dir + "/" + name;
+    std::error_code ec;
+    auto bytes = ReadBlockFileBytes(path);
+    if (!bytes.ok() &&
+        std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found) {
+      // There, but not a readable regular file (a directory, a FIFO, a link, no permission).
+      KVS_LOG_WARN("kv codec: %s unusable (%s): fitting again", path.c_str(),
+                   bytes.error().c_str());
+    }
     if (bytes.ok()) {
       auto t = ParseKvTransforms(*bytes, key, g);
       if (t.ok()) {

@@ -49,22 +49,31 @@ Expected<TransformCodecOptions> ParseTransformCodec(const std::string& spec) {
   }
   std::string rest = spec.substr(3);
   std::string bits = rest.substr(0, rest.find(','));
+  // A plain decimal (digits and at most one point): no signs, spaces, exponents or hex.
+  const bool decimal = !bits.empty() &&
+                       bits.find_first_not_of("0123456789.") == std::string::npos &&
+                       std::count(bits.begin(), bits.end(), '.') <= 1 && bits != ".";
   char* end = nullptr;
-  o.bits = std::strtod(bits.c_str(), &end);
-  if (bits.empty() || end != bits.c_str() + bits.size() || !(o.bits > 0) ||
+  o.bits = decimal ? std::strtod(bits.c_str(), &end) : 0.0;
+  if (!decimal || end != bits.c_str() + bits.size() || !(o.bits > 0) ||
       o.bits > kMaxTransformBits) {
     return Status::Error(StrFormat("codec %s: bits per element must be a number in (0, %d]",
                                    spec.c_str(), kMaxTransformBits));
   }
+  bool sink_given = false;
   for (size_t at = rest.find(','); at != std::string::npos;) {
     const size_t next = rest.find(',', at + 1);
     const std::string opt = rest.substr(at + 1, next == std::string::npos ? next : next - at - 1);
     at = next;
     if (opt.rfind("sink=", 0) == 0) {
       const std::string n = opt.substr(5);
+      if (sink_given) return Status::Error("codec " + spec + ": sink= given twice");
+      sink_given = true;
       char* e = nullptr;
-      const long v = std::strtol(n.c_str(), &e, 10);
-      if (n.empty() || e != n.c_str() + n.size() || v < 0 || v > 1024) {
+      const long v = n.find_first_not_of("0123456789") == std::string::npos && n.size() <= 5
+                         ? std::strtol(n.c_str(), &e, 10)
+                         : -1;
+      if (n.empty() || v < 0 || v > 1024) {
         return Status::Error("codec " + spec + ": sink=N takes 0..1024 positions");
       }
       o.sink_tokens = static_cast<int32_t>(v);
@@ -95,6 +104,13 @@ Expected<std::shared_ptr<TransformCodec>> TransformCodec::Make(
   if (!(options.bits > 0) || options.bits > kMaxTransformBits) {
     return Status::Error("transform codec: bits per element out of range");
   }
+  const int32_t min_dim = std::min(g.head_dim_k, g.head_dim_v);
+  if (std::llround(options.bits * min_dim) < 1) {
+    return Status::Error(StrFormat(
+        "transform codec tc:%g: that gives a vector of %d dims no bits at all (only its mean "
+        "would be stored); give at least tc:%.3g",
+        options.bits, min_dim, 1.0 / min_dim));
+  }
   std::shared_ptr<TransformCodec> c(new TransformCodec);
   c->format_ = std::move(format);
   c->fit_ = std::move(fit);
@@ -104,6 +120,7 @@ Expected<std::shared_ptr<TransformCodec>> TransformCodec::Make(
   for (size_t h = 0; h < n_heads; ++h) {
     c->keys_.push_back(MakeHeadCode(c->fit_->keys[h], options.bits));
     c->values_.push_back(MakeHeadCode(c->fit_->values[h], options.bits));
+
     if ((h + 1) % g.n_head_kv == 0) {
       size_t per_position = 0;
       for (size_t k = h + 1 - g.n_head_kv; k <= h; ++k) {
@@ -112,14 +129,21 @@ Expected<std::shared_ptr<TransformCodec>> TransformCodec::Make(
       c->layer_code_offset_.push_back(c->layer_code_offset_.back() + per_position);
     }
   }
-  c->fit_digest_ = DigestBuilder()
-                       .Text("kvserve transform codec")
-                       .Int(kPayloadVersion)
-                       .Add(c->fit_->digest)
-                       .Int(std::llround(options.bits * 1000))
-                       .Int(options.sink_tokens)
-                       .Add(c->format_->fingerprint())
-                       .Finish();
+  // The allocation itself, not the budget it came from: two budgets that round to different
+  // allocations must not share a digest.
+  DigestBuilder digest;
+  digest.Text("kvserve transform codec")
+      .Int(kPayloadVersion)
+      .Add(c->fit_->digest)
+      .Int(options.sink_tokens)
+      .Add(c->format_->fingerprint());
+  for (size_t h = 0; h < n_heads; ++h) {
+    for (const HeadCode* code : {&c->keys_[h], &c->values_[h]}) {
+      digest.Bytes(code->bits.data(), code->bits.size());
+      digest.Bytes(code->step.data(), code->step.size() * sizeof(float));
+    }
+  }
+  c->fit_digest_ = digest.Finish();
   if (options.decode_threads > 1) {
     c->decode_pool_ = std::make_unique<ThreadPool>(options.decode_threads);
   }
@@ -316,6 +340,15 @@ void TransformCodec::DecodeLayer(int32_t l, const KvLayerView& view, const uint8
     }
     WriteKv(view, j, j, kj, v.data() + static_cast<size_t>(j) * H * dv);
   }
+}
+
+bool TransformCodec::OtherFit(std::span<const uint8_t> payload) const {
+  if (payload.size() < kPayloadHeaderBytes || std::memcmp(payload.data(), kPayloadMagic, 4) != 0) {
+    return false;
+  }
+  const uint8_t* p = payload.data();
+  const Digest128 fit{PayloadGetU64(p + 8), PayloadGetU64(p + 16)};
+  return p[4] != kPayloadVersion || !(fit == fit_digest_);
 }
 
 Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint8_t>* block) const {

@@ -38,7 +38,7 @@ struct TransformCodecOptions {
   // (+0.10% at tc:1 either way) and cost 0.5 bits per element at a 128-token context.
   int32_t sink_tokens = 0;
   int zstd_level = 3;          // of the codes, where zstd beats packing
-  int32_t decode_threads = 2;  // layers decoded in parallel (the loader's own threads)
+  int32_t decode_threads = 2;  // layers decoded in parallel (codec-bench: -t; the tiers: 1)
 };
 
 // "tc:2" / "tc:1.5" / "tc:3,sink=0": the bits and options; an error naming the problem.
@@ -54,6 +54,8 @@ class TransformCodec : public KvBlockCodec {
   Expected<std::vector<uint8_t>> Encode(std::span<const uint8_t> block,
                                         int32_t first_position) const override;
   Status Decode(std::span<const uint8_t> payload, std::vector<uint8_t>* block) const override;
+  // A "KVTC" payload of this version whose fit digest is not this codec's.
+  bool OtherFit(std::span<const uint8_t> payload) const override;
 
   // Stored bits per element of the codes alone (the allocation's budget as spent).
   double allocated_bits_per_element() const;

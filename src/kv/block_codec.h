@@ -27,6 +27,10 @@ class KvBlockCodec {
   // A payload Encode made back into a pool block's bytes, *block (resized to one block). An
   // error for anything else: another fit, a truncated or corrupted payload.
   virtual Status Decode(std::span<const uint8_t> payload, std::vector<uint8_t>* block) const = 0;
+  // Whether payload is a well-formed payload of this codec's kind made with another fit or
+  // budget: a store written with other settings, not a damaged one (the tiers then recompute
+  // the block without calling it corrupt).
+  virtual bool OtherFit(std::span<const uint8_t> payload) const = 0;
 };
 
 }  // namespace kvs

@@ -175,7 +175,8 @@ size_t MaxBlockFileBytes(const BlockIdentity& identity, size_t payload_bytes) {
 Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
                                        const BlockIdentity& expected_identity,
                                        const BlockHash& expected_hash,
-                                       const KvBlockCodec* transform) {
+                                       const KvBlockCodec* transform, bool* other_codec) {
+  if (other_codec != nullptr) *other_codec = false;
   if (bytes.size() < sizeof(kMagic) + 8 + 8) return Status::Error("block file: truncated");
   // The checksum first: nothing of a file whose bytes changed is read.
   Reader tail(bytes.subspan(bytes.size() - 8));
@@ -233,9 +234,11 @@ Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
   }
   if (h.codec == BlockCodec::kTransform) {
     if (transform == nullptr) {
+      if (other_codec != nullptr) *other_codec = true;
       return Status::Error("block file: transform-coded, and this tier has no transform codec");
     }
     if (Status st = transform->Decode(stored, &d.payload); !st.ok()) {
+      if (other_codec != nullptr) *other_codec = transform->OtherFit(stored);
       return Status::Error("block file: " + st.message());
     }
     if (d.payload.size() != raw_bytes) {

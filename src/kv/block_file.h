@@ -80,10 +80,13 @@ size_t MaxBlockFileBytes(const BlockIdentity& identity, size_t payload_bytes);
 // version, identity, hash, payload size, codec) for anything but the expected block: the
 // caller counts it as corrupt and recomputes. A kTransform payload is decoded by transform; a
 // reader without one (or with another fit) cannot read it: an error too.
+// *other_codec (when given) is set when the file is sound but was written with a codec this
+// reader cannot decode: transform-coded with no transform here, or with another fit.
 Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
                                        const BlockIdentity& expected_identity,
                                        const BlockHash& expected_hash,
-                                       const KvBlockCodec* transform = nullptr);
+                                       const KvBlockCodec* transform = nullptr,
+                                       bool* other_codec = nullptr);
 
 // Writes bytes to dir/name through a temporary file in dir: written, fsync'd, renamed over
 // name, and the directory fsync'd. On any error the temporary file is removed and name is

@@ -77,7 +77,17 @@ bool BlockLoader::Check(const LoadJob& job, size_t i, StoredBlock& stored,
       return false;
   }
   *bytes_read += static_cast<int64_t>(stored.bytes.size());
-  auto block = DecodeBlockFile(stored.bytes, identity_, hash, transform_.get());
+  bool other_codec = false;
+  auto block = DecodeBlockFile(stored.bytes, identity_, hash, transform_.get(), &other_codec);
+  if (other_codec) {
+    // Sound, but written with other codec settings: a miss, not damage. Erased all the same, so
+    // that the recompute stores it again in this tier's codec (a store keeps one file a hash).
+    *missing = true;
+    store_.Erase(hash);
+    *why = block.status().message();
+    other_codec_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   Status check = block.ok() ? Status::Ok() : block.status();
   if (check.ok()) {
     const BlockHash parent = i == 0 ? job.first_parent : job.hashes[i - 1];

@@ -67,11 +67,14 @@ class BlockLoader {
   bool WaitDone(int64_t timeout_ms);
   // Jobs submitted and not yet taken by TakeDone.
   int32_t outstanding() const;
+  // Blocks found written with other codec settings (missed, not corrupt), so far.
+  int64_t other_codec_blocks() const { return other_codec_.load(std::memory_order_relaxed); }
 
  private:
   LoadResult Run(const LoadJob& job);
   // Checks block i of job as read back (stored); its payload in *payload. false: missing (absent
-  // or the store unavailable), or corrupt (then erased from the store), with *why.
+  // or the store unavailable, or written with other codec settings: erased too), or corrupt
+  // (then erased from the store), with *why.
   bool Check(const LoadJob& job, size_t i, StoredBlock& stored, std::vector<uint8_t>* payload,
              bool* missing, int64_t* bytes_read, std::string* why);
   static constexpr size_t kBatch = 16;  // blocks asked for at once
@@ -86,6 +89,7 @@ class BlockLoader {
   std::deque<LoadJob> queue_;
   std::vector<LoadResult> done_;
   int32_t outstanding_ = 0;
+  std::atomic<int64_t> other_codec_{0};
   bool stop_ = false;
   std::thread thread_;
 };
