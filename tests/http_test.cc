@@ -94,7 +94,7 @@ TEST(RequestParser, RefusesSmugglingAndMalformedFraming) {
   EXPECT_EQ(StatusOf("POST / HTTP/1.1\r\nContent-Length: 1e3\r\n\r\n"), 400);
   EXPECT_EQ(StatusOf("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n"), 400);
   EXPECT_EQ(StatusOf("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"), 501);
-  EXPECT_EQ(StatusOf("POST / HTTP/1.1\r\nHost: a\r\n\r\n"), 411);  // no length: refused at once
+  EXPECT_EQ(StatusOf("POST / HTTP/1.1\r\nHost: a\r\n\r\n"), 200);  // no length: no body
   EXPECT_EQ(StatusOf("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"), 400);
   EXPECT_EQ(StatusOf("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX"), 400);
   EXPECT_EQ(StatusOf("GET / HTTP/1.1\r\n folded: x\r\n\r\n"), 400);

@@ -95,8 +95,8 @@ done
 hits=$(awk '/^kvserve:kv_disk_hits_total/ {print $2}' "$TMP/metrics")
 python3 -c "import sys; sys.exit(0 if float('$hits') > 0 else 1)" && pass "kv_disk_hits_total $hits" || fail "kv_disk_hits_total $hits"
 
-# /reset_prefix_cache, then the prompt comes from disk again.
-code=$(curl -s -o "$TMP/r" -w '%{http_code}' -X POST -d '' "$URL/reset_prefix_cache")
+# /reset_prefix_cache (without a body, as vLLM's docs call it), then the prompt comes from disk again.
+code=$(curl -s -o "$TMP/r" -w '%{http_code}' -X POST "$URL/reset_prefix_cache")
 [ "$code" = 200 ] && pass "POST /reset_prefix_cache: $(cat "$TMP/r")" || fail "reset: $code $(cat "$TMP/r")"
 out=$(complete "${PROMPTS[0]}")
 [ "$(echo "$out" | field 'j["usage"]["prompt_tokens_details"]["disk_tokens"]')" -gt 0 ] &&

@@ -207,13 +207,10 @@ RequestParser::State RequestParser::ParseHead(std::string_view head) {
     body_reservation_ = limits_.max_body_bytes;
     return State::kNeedMore;
   }
-  if (!has_length) {
-    const std::string& m = request_.method;
-    if (m == "POST" || m == "PUT" || m == "PATCH") {
-      return Fail(411, "A request body needs a Content-Length (or chunked transfer).");
-    }
-    content_length_ = 0;
-  }
+  // Neither length nor chunked: no body (RFC 9112 6.3), also for a POST: `curl -X POST
+  // .../reset_prefix_cache`, as vLLM's docs write it, sends none. An endpoint that needs a body
+  // answers 400 for the empty one.
+  if (!has_length) content_length_ = 0;
   if (content_length_ > limits_.max_body_bytes) {
     return Fail(413, "The request body is too large (more than " +
                          std::to_string(limits_.max_body_bytes) + " bytes).");
