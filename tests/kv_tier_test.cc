@@ -23,6 +23,7 @@
 #include "kv/block_store.h"
 #include "testing/temp_dir.h"
 #include "testing/test_models.h"
+#include "testing/tier_engine.h"
 
 namespace kvs {
 namespace {
@@ -31,7 +32,9 @@ namespace fs = std::filesystem;
 
 constexpr const char* kModel = "stories260K.gguf";
 
+using testing::Served;
 using testing::TempDir;
+using testing::TierEngine;
 
 // Prompts of ~70 tokens (four full blocks of 16, then a tail), different from their second token.
 std::vector<std::vector<int32_t>> Prompts(const Model& model, int32_t n = 3) {
@@ -45,63 +48,6 @@ std::vector<std::vector<int32_t>> Prompts(const Model& model, int32_t n = 3) {
   }
   return prompts;
 }
-
-struct Served {
-  std::vector<std::vector<int32_t>> tokens;  // [prompt][output token]
-  std::vector<int32_t> disk_tokens;          // per prompt: loaded from disk
-  KvTierStats tier;
-};
-
-class TierEngine {
- public:
-  TierEngine(const Model& model, KvTypes types, const std::string& dir, int32_t n_blocks = 64,
-             KvTierConfig tier = {})
-      : pool_(2), builder_(model, nullptr, pool_, KvFormatWithTypes(types)) {
-    EngineConfig cfg;
-    cfg.n_ctx = 256;
-    cfg.max_seqs = 4;
-    cfg.max_batch_tokens = 32;  // prompts prefill in chunks: loads and chunks interleave
-    cfg.n_blocks = n_blocks;
-    cfg.watermark_blocks = 0;
-    cfg.verify_each_step = true;  // the pool's invariants (held loads included) every step
-    tier.dir = dir;
-    cfg.kv_disk = tier;
-    auto local = builder_.Local(cfg);
-    EXPECT_TRUE(local.ok()) << local.error();
-    if (local.ok()) local_ = std::move(*local);
-  }
-  bool ok() const { return local_.engine != nullptr; }
-  Engine& engine() { return *local_.engine; }
-
-  // Each prompt alone (so that a later one may hit what an earlier one stored), greedy.
-  Served Serve(const std::vector<std::vector<int32_t>>& prompts, const BlockHash& key = {}) {
-    Served run;
-    for (const std::vector<int32_t>& prompt : prompts) {
-      RequestOptions o;
-      o.max_tokens = 8;
-      o.sampling.temperature = 0;
-      o.cache_key = key;
-      std::vector<int32_t> out;
-      int32_t disk = -1;
-      auto id = engine().Submit(prompt, o, [&](const TokenEvent& e) {
-        if (e.token >= 0) out.push_back(e.token);
-        if (disk < 0) disk = e.disk_tokens;
-      });
-      EXPECT_TRUE(id.ok()) << id.error();
-      for (int i = 0; i < 10000 && engine().HasWork(); ++i) EXPECT_TRUE(engine().Step().ok());
-      EXPECT_FALSE(engine().HasWork());
-      run.tokens.push_back(out);
-      run.disk_tokens.push_back(disk);
-    }
-    if (engine().tier()) run.tier = engine().tier()->stats();
-    return run;
-  }
-
- private:
-  ThreadPool pool_;
-  EngineBuilder builder_;
-  LocalEngine local_;
-};
 
 std::vector<std::vector<int32_t>> Cold(const Model& model, KvTypes types,
                                        const std::vector<std::vector<int32_t>>& prompts) {

@@ -23,12 +23,15 @@
 #include "kv/block_file.h"
 #include "testing/temp_dir.h"
 #include "testing/test_models.h"
+#include "testing/tier_engine.h"
 
 namespace kvs {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Served;
 using testing::TempDir;
+using testing::TierEngine;
 
 constexpr const char* kModel = "stories260K.gguf";
 constexpr int32_t kBlock = 16;
@@ -127,61 +130,6 @@ double RelativeError(std::span<const uint8_t> a, std::span<const uint8_t> b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-struct Served {
-  std::vector<std::vector<int32_t>> tokens;  // [prompt][output token]
-  std::vector<int32_t> disk_tokens;          // per prompt: loaded from disk
-  KvTierStats tier;
-};
-
-// An engine over a pool of these types with a disk tier at dir ("": none), as kv_tier_test's.
-class TierEngine {
- public:
-  TierEngine(const Model& model, KvTypes types, const std::string& dir, KvTierConfig tier = {})
-      : pool_(2), builder_(model, nullptr, pool_, KvFormatWithTypes(types)) {
-    EngineConfig cfg;
-    cfg.n_ctx = 256;
-    cfg.max_seqs = 4;
-    cfg.max_batch_tokens = 32;
-    cfg.n_blocks = 64;
-    cfg.watermark_blocks = 0;
-    cfg.verify_each_step = true;
-    tier.dir = dir;
-    cfg.kv_disk = tier;
-    auto local = builder_.Local(cfg);
-    EXPECT_TRUE(local.ok()) << local.error();
-    if (local.ok()) local_ = std::move(*local);
-  }
-  bool ok() const { return local_.engine != nullptr; }
-  Engine& engine() { return *local_.engine; }
-
-  Served Serve(const std::vector<std::vector<int32_t>>& prompts) {
-    Served run;
-    for (const std::vector<int32_t>& prompt : prompts) {
-      RequestOptions o;
-      o.max_tokens = 8;
-      o.sampling.temperature = 0;
-      std::vector<int32_t> out;
-      int32_t disk = -1;
-      auto id = engine().Submit(prompt, o, [&](const TokenEvent& e) {
-        if (e.token >= 0) out.push_back(e.token);
-        if (disk < 0) disk = e.disk_tokens;
-      });
-      EXPECT_TRUE(id.ok()) << id.error();
-      for (int i = 0; i < 10000 && engine().HasWork(); ++i) EXPECT_TRUE(engine().Step().ok());
-      EXPECT_FALSE(engine().HasWork());
-      run.tokens.push_back(out);
-      run.disk_tokens.push_back(disk);
-    }
-    if (engine().tier()) run.tier = engine().tier()->stats();
-    return run;
-  }
-
- private:
-  ThreadPool pool_;
-  EngineBuilder builder_;
-  LocalEngine local_;
-};
-
 KvTierConfig TransformTier(double bits) {
   KvTierConfig tier;
   tier.codec = BlockCodec::kTransform;
@@ -260,7 +208,7 @@ TEST_P(TransformCodecEveryType, DiskRestartGivesTheInMemoryRoundTripTokens) {
   }
   TempDir dir;
   {
-    TierEngine first(*model, types, dir.path(), TransformTier(2));
+    TierEngine first(*model, types, dir.path(), 64, TransformTier(2));
     ASSERT_TRUE(first.ok());
     first.Serve(prompts);
     first.engine().FlushTier(/*wait=*/true);
@@ -271,7 +219,7 @@ TEST_P(TransformCodecEveryType, DiskRestartGivesTheInMemoryRoundTripTokens) {
     EXPECT_LT(s.bytes_written, s.payload_bytes_written);
   }
   EXPECT_EQ(BasisFiles(dir.path()).size(), 1u);
-  TierEngine second(*model, types, dir.path(), TransformTier(2));
+  TierEngine second(*model, types, dir.path(), 64, TransformTier(2));
   ASSERT_TRUE(second.ok());
   const Served run = second.Serve(prompts);
   EXPECT_EQ(run.tokens, expected);
@@ -445,12 +393,12 @@ TEST(TransformCodec, EngineWithAnotherCodecLoadsNothing) {
     SCOPED_TRACE(reader.codec == BlockCodec::kTransform ? "tc:3" : "raw");
     TempDir dir;
     {
-      TierEngine first(*model, f16, dir.path(), TransformTier(2));
+      TierEngine first(*model, f16, dir.path(), 64, TransformTier(2));
       ASSERT_TRUE(first.ok());
       first.Serve(prompts);
       first.engine().FlushTier(true);
     }
-    TierEngine second(*model, f16, dir.path(), reader);
+    TierEngine second(*model, f16, dir.path(), 64, reader);
     ASSERT_TRUE(second.ok());
     const Served run = second.Serve(prompts);
     EXPECT_EQ(run.tokens, cold_tokens);
@@ -460,7 +408,7 @@ TEST(TransformCodec, EngineWithAnotherCodecLoadsNothing) {
     EXPECT_EQ(run.disk_tokens, (std::vector<int32_t>{0, 0}));
     // Rewritten in the second engine's codec: a third engine of its settings loads them all.
     second.engine().FlushTier(true);
-    TierEngine third(*model, f16, dir.path(), reader);
+    TierEngine third(*model, f16, dir.path(), 64, reader);
     const Served again = third.Serve(prompts);
     EXPECT_EQ(again.tier.hits, 2 * 4);
     EXPECT_EQ(again.tier.corrupt, 0);

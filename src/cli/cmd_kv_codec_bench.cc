@@ -113,18 +113,14 @@ Runner AddKvCodecBenchCommand(CLI::App* kv) {
       options.variants.push_back(*v);
     }
     std::string path = a->model;
-    if (!ResolveModelPath(path)) return 1;
-    std::string text;
-    if (!ReadTextFile(a->file, &text)) return 1;
     LoadedModel loaded;
-    if (!LoadModelWithTokenizer(path, a->model_options.check_tensors, &loaded)) return 1;
+    std::vector<int32_t> ids;
+    if (!LoadScoredText(&path, a->file, a->model_options.check_tensors, a->max_chunks, a->n_ctx,
+                        &loaded, &ids)) {
+      return 1;
+    }
     const Model& model = *loaded.model;
     const Tokenizer& tok = *loaded.tokenizer;
-    std::vector<int32_t> ids = tok.Encode(text, /*add_special=*/true, /*parse_special=*/false);
-    if (a->max_chunks > 0 &&
-        static_cast<int64_t>(ids.size()) > static_cast<int64_t>(a->max_chunks) * a->n_ctx) {
-      ids.resize(static_cast<size_t>(a->max_chunks) * a->n_ctx);
-    }
     options.bos_id = tok.add_bos() ? tok.bos_id() : -1;
     std::string calibration_source = "built-in paragraph";
     std::error_code same_ec;

@@ -101,18 +101,14 @@ Runner AddPerplexityCommand(CLI::App& root) {
     }
     options.base_types = KvTypes{*base_type, *base_type};
     std::string path = a->model;
-    if (!ResolveModelPath(path)) return 1;
-    std::string text;
-    if (!ReadTextFile(a->file, &text)) return 1;
     LoadedModel loaded;
-    if (!LoadModelWithTokenizer(path, a->model_options.check_tensors, &loaded)) return 1;
+    std::vector<int32_t> ids;
+    if (!LoadScoredText(&path, a->file, a->model_options.check_tensors, a->max_chunks, a->n_ctx,
+                        &loaded, &ids)) {
+      return 1;
+    }
     const Model& model = *loaded.model;
     const Tokenizer& tok = *loaded.tokenizer;
-    std::vector<int32_t> ids = tok.Encode(text, /*add_special=*/true, /*parse_special=*/false);
-    if (a->max_chunks > 0 &&
-        static_cast<int64_t>(ids.size()) > static_cast<int64_t>(a->max_chunks) * a->n_ctx) {
-      ids.resize(static_cast<size_t>(a->max_chunks) * a->n_ctx);
-    }
     ThreadPool pool(ThreadPool::ResolveThreadCount(a->threads));
     const int32_t bos = tok.add_bos() ? tok.bos_id() : -1;
     options.n_ctx = a->n_ctx;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -77,5 +78,13 @@ bool LoadModelWithTokenizer(const std::string& path, bool check_tensors, LoadedM
 // Reads a -f file under kMaxInputFileBytes (kvs::ReadTextFile); false, with a one-line
 // "error: ..." on stderr, for anything else (a directory, a device, a FIFO, a bigger file).
 bool ReadTextFile(const std::string& path, std::string* out);
+
+// What a scoring command (perplexity, kv codec-bench) starts from: -m (or the default model)
+// loaded with its tokenizer, and -f's text as token ids (BOS first where the model adds one),
+// cut to max_chunks chunks of n_ctx when max_chunks > 0. false, with "error: ..." on stderr.
+// *model_path: -m, resolved in place.
+bool LoadScoredText(std::string* model_path, const std::string& text_path, bool check_tensors,
+                    int32_t max_chunks, int32_t n_ctx, LoadedModel* loaded,
+                    std::vector<int32_t>* ids);
 
 }  // namespace kvs::cli

@@ -43,6 +43,21 @@ bool ReadTextFile(const std::string& path, std::string* out) {
   return true;
 }
 
+bool LoadScoredText(std::string* model_path, const std::string& text_path, bool check_tensors,
+                    int32_t max_chunks, int32_t n_ctx, LoadedModel* loaded,
+                    std::vector<int32_t>* ids) {
+  if (!ResolveModelPath(*model_path)) return false;
+  std::string text;
+  if (!ReadTextFile(text_path, &text)) return false;
+  if (!LoadModelWithTokenizer(*model_path, check_tensors, loaded)) return false;
+  *ids = loaded->tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/false);
+  if (max_chunks > 0 &&
+      static_cast<int64_t>(ids->size()) > static_cast<int64_t>(max_chunks) * n_ctx) {
+    ids->resize(static_cast<size_t>(max_chunks) * n_ctx);
+  }
+  return true;
+}
+
 bool LoadModelWithTokenizer(const std::string& path, bool check_tensors, LoadedModel* out) {
   auto model = Model::Load(path, {.check_tensors = check_tensors});
   if (!model) {
