@@ -581,5 +581,104 @@ TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
   EXPECT_TRUE(plain.add_bos);
 }
 
+// GET /v1/kv/state (the dashboard's data): the block map agrees with /metrics (free and
+// free-but-cached blocks are /metrics' free ones), the prompt's full blocks show as cached after
+// the request, and a request being streamed is listed with its tokens and block table.
+TEST_F(ServerTest, KvStateAgreesWithMetricsAndListsRunningRequests) {
+  Start();
+  const std::string prompt =
+      "Once upon a time there was a little girl named Lily. She liked to play in the park with "
+      "her friends every day after school.";
+  auto [code, done] = Call("/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}});
+  ASSERT_EQ(code, 200) << done.dump();
+  const int prompt_tokens = done["usage"]["prompt_tokens"];
+  auto get_state = [&] {
+    auto r = client_->Get("/v1/kv/state");
+    EXPECT_TRUE(r && r->status == 200);
+    return r ? json::parse(r->body) : json();
+  };
+  // The engine publishes its totals after the step; the pool is quiet once no request runs.
+  ASSERT_TRUE(
+      MetricBecomesAtLeast([&] { return Metric("prefix_cache_queries_total"); }, prompt_tokens));
+  const json st = get_state();
+  EXPECT_EQ(st["object"], "kv.state");
+  EXPECT_EQ(st["block_size"], 16);
+  EXPECT_EQ(st["num_blocks"], Metric("kv_cache_blocks_total"));
+  EXPECT_EQ(st["blocks"].get<std::string>().size(), st["num_blocks"].get<size_t>());
+  const json& n = st["counts"];
+  EXPECT_EQ(n["free"].get<double>() + n["cached"].get<double>(), Metric("kv_cache_blocks_free"));
+  EXPECT_EQ(n["used"].get<int>() + n["shared"].get<int>(), 0);
+  EXPECT_EQ(n["cached"], (prompt_tokens - 1) / 16);  // the prompt's full blocks, kept
+  EXPECT_EQ(st["counters"]["prefix_cache_queries_total"], Metric("prefix_cache_queries_total"));
+  EXPECT_EQ(st["counters"]["request_success_total"], Metric("request_success_total"));
+  EXPECT_TRUE(st["running"].empty());
+  EXPECT_GT(st["latency"]["ttft_p50_s"].get<double>(), 0);
+
+  // While a request streams, it is running and holds blocks (the same prompt: its cached ones).
+  httplib::Client streamer("127.0.0.1", port_);
+  json seen;
+  const json body = {
+      {"prompt", prompt}, {"max_tokens", 300}, {"stream", true}, {"ignore_eos", true}};
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    if (seen.is_null()) seen = get_state();
+    return false;  // one chunk is enough: the client goes away, the request is cancelled
+  };
+  streamer.send(req);
+  ASSERT_FALSE(seen.is_null());
+  ASSERT_EQ(seen["running"].size(), 1u) << seen.dump();
+  const json& r = seen["running"][0];
+  EXPECT_EQ(r["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(r["cached_tokens"], (prompt_tokens - 1) / 16 * 16);
+  // The table covers every token so far (and may hold a block ahead for the next steps).
+  const int held = r["prompt_tokens"].get<int>() + r["output_tokens"].get<int>();
+  EXPECT_GE(r["blocks"].size() * 16, static_cast<size_t>(held));
+  EXPECT_LE(r["blocks"].size() * 16, static_cast<size_t>(held) + 2 * 16);
+  const std::string map = seen["blocks"];
+  for (const json& id : r["blocks"]) {
+    const char c = map.at(id.get<size_t>() - 1);
+    EXPECT_TRUE(c == 'u' || c == 's') << "block " << id << " is '" << c << "'";
+  }
+  EXPECT_EQ(seen["counts"]["used"].get<int>() + seen["counts"]["shared"].get<int>(),
+            static_cast<int>(r["blocks"].size()));
+}
+
+// The page is served (small, self-contained), --no-dashboard turns it off, and with --api-key
+// the state needs the key like every /v1 route while the page (no data in it) does not.
+TEST_F(ServerTest, DashboardPageKeyAndSwitch) {
+  ServerOptions o;
+  o.api_key = "sekret";
+  Start(o);
+  auto page = client_->Get("/dashboard");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_NE(page->get_header_value("Content-Type").find("text/html"), std::string::npos);
+  EXPECT_LT(page->body.size(), 100u * 1024);
+  EXPECT_NE(page->body.find("/v1/kv/state"), std::string::npos);
+  EXPECT_EQ(page->body.find("http://"), std::string::npos);  // nothing from elsewhere
+  EXPECT_EQ(page->body.find("https://"), std::string::npos);
+  auto no_key = client_->Get("/v1/kv/state");
+  ASSERT_TRUE(no_key);
+  EXPECT_EQ(no_key->status, 401);
+  auto with_key = client_->Get("/v1/kv/state", {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(with_key);
+  EXPECT_EQ(with_key->status, 200);
+  server_->Stop();
+
+  ServerOptions off;
+  off.dashboard = false;
+  Start(off);
+  auto gone = client_->Get("/dashboard");
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->status, 404);
+  auto state = client_->Get("/v1/kv/state");
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->status, 200);
+}
+
 }  // namespace
 }  // namespace kvs::server

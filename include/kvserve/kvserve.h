@@ -235,6 +235,25 @@ struct KvPrefixLookup {
   std::vector<std::string> block_hashes;
 };
 
+// The KV cache now (GET /v1/kv/state, the dashboard's block map), taken between two steps.
+struct KvSequenceState {
+  uint64_t request = 0;
+  int32_t prompt_tokens = 0;
+  int32_t output_tokens = 0;
+  int32_t cached_tokens = 0;    // of the prompt, found in the prefix cache (RAM and tiers)
+  std::vector<int32_t> blocks;  // its block table: pool block ids, in position order
+};
+struct KvCacheState {
+  int32_t block_size = 0;
+  int32_t num_blocks = 0;  // usable blocks (ids 1..num_blocks)
+  // One letter per block, id 1 first: 'f' free, 'c' free but cached (a prefix-cache entry kept
+  // until the pool reuses it), 'u' in use by one sequence, 's' shared by several.
+  std::string blocks;
+  std::vector<std::pair<int32_t, int32_t>> shared;  // (block id, refcount) of the 's' blocks
+  std::vector<KvSequenceState> running;
+  int32_t waiting = 0;
+};
+
 // A named prompt prefix kept on the disk tier (POST /v1/kv/documents, `kvserve kv save`).
 struct KvDocumentInfo {
   std::string name;
@@ -274,6 +293,10 @@ class Engine {
   // down.
   bool LookupKvPrefix(const std::vector<int32_t>& tokens, const std::string& cache_salt,
                       KvPrefixLookup* out, std::string* error) const;
+  // A snapshot of every block's state and the running sequences' block tables, read on the
+  // engine's thread between steps (costs nothing when nobody asks). False with *error when
+  // shutting down.
+  bool KvState(KvCacheState* out, std::string* error) const;
   // KV documents (need --kv-disk). Save prefills tokens (salted like a request), waits until
   // its full blocks are on disk and pins them; progress(blocks on disk, blocks) is called as
   // they arrive. False with *error on a bad name, a name being saved, a tier that failed.

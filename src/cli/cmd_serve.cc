@@ -108,6 +108,9 @@ Runner AddServeCommand(CLI::App& root) {
                   "Open connections at most; beyond, the stalest idle or unfinished one is closed")
       ->capture_default_str()
       ->check(CLI::Range(16, 1 << 20));
+  cmd->add_flag("!--no-dashboard", a->server.dashboard,
+                "Do not serve the live KV dashboard at GET /dashboard (its data, GET "
+                "/v1/kv/state, stays)");
   AddEngineFlags(cmd, &a->engine, /*default_parallel=*/4);
   AddModelFlags(cmd, &a->server.model_options);
   return [a] { return RunServe(*a); };

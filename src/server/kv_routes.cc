@@ -112,6 +112,60 @@ std::optional<ApiError> Server::PromptOfBody(const nlohmann::json& body,
   return PromptTokens(parsed, chat, *param, tokens);
 }
 
+void Server::KvState(http::Response& res) {
+  res.content_type = "application/json";
+  kvserve::KvCacheState state;
+  std::string error;
+  if (!engine_->KvState(&state, &error)) {
+    return SendError(res, ApiError{503, "server_error", error, {}, {}});
+  }
+  const kvserve::EngineStats stats = engine_->stats();
+  const Metrics::Summary m = metrics_.Summarize();
+  int64_t counts[4] = {0, 0, 0, 0};  // f c u s
+  for (char c : state.blocks) ++counts[c == 'f' ? 0 : c == 'c' ? 1 : c == 'u' ? 2 : 3];
+  nlohmann::json shared = nlohmann::json::array();
+  for (const auto& [id, refs] : state.shared) shared.push_back({id, refs});
+  nlohmann::json running = nlohmann::json::array();
+  for (const kvserve::KvSequenceState& s : state.running) {
+    running.push_back({{"id", StrFormat("req-%llu", static_cast<unsigned long long>(s.request))},
+                       {"prompt_tokens", s.prompt_tokens},
+                       {"output_tokens", s.output_tokens},
+                       {"cached_tokens", s.cached_tokens},
+                       {"blocks", s.blocks}});
+  }
+  const nlohmann::json body = {
+      {"object", "kv.state"},
+      {"model", model_id_},
+      {"block_size", state.block_size},
+      {"num_blocks", state.num_blocks},
+      {"cache_type_k", engine_->options().cache_type_k},
+      {"cache_type_v", engine_->options().cache_type_v},
+      {"blocks", state.blocks},
+      {"shared", shared},
+      {"counts",
+       {{"free", counts[0]}, {"cached", counts[1]}, {"used", counts[2]}, {"shared", counts[3]}}},
+      {"running", running},
+      {"waiting", state.waiting},
+      {"counters",
+       {{"prompt_tokens_total", m.prompt_tokens},
+        {"generation_tokens_total", m.generation_tokens},
+        {"request_success_total", m.requests_ok},
+        {"request_failure_total", m.requests_failed},
+        {"prefix_cache_queries_total", stats.prefix_cache_queries},
+        {"prefix_cache_hits_total", stats.prefix_cache_hits},
+        {"preemptions_total", stats.preemptions},
+        {"kv_disk_hits_total", stats.kv_disk_hits},
+        {"kv_redis_hits_total", stats.kv_redis_hits}}},
+      {"latency",
+       {{"ttft_p50_s", m.ttft_p50},
+        {"ttft_p90_s", m.ttft_p90},
+        {"ttft_p99_s", m.ttft_p99},
+        {"itl_p50_s", m.itl_p50},
+        {"itl_p90_s", m.itl_p90},
+        {"itl_p99_s", m.itl_p99}}}};
+  res.body = Dump(body);
+}
+
 // GET /v1/kv/lookup?prompt=TEXT (or tokens=1,2,3; and cache_salt=S), or POST with a JSON body
 // {"prompt" | "tokens" | "messages", "cache_salt"?}: the prompt's full blocks and how many
 // leading tokens of it are held in RAM and on disk.

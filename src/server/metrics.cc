@@ -35,6 +35,38 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
   *out += line;
 }
 
+double Histogram::Quantile(double q) const {
+  if (count_ == 0) return 0;
+  const double rank = q * static_cast<double>(count_);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    const uint64_t before = cumulative;
+    cumulative += counts_[i];
+    if (static_cast<double>(cumulative) >= rank) {
+      const double lo = i == 0 ? 0.0 : bounds_[i - 1], hi = bounds_[i];
+      const double in = counts_[i] == 0 ? 0.0 : (rank - static_cast<double>(before)) / counts_[i];
+      return lo + (hi - lo) * in;
+    }
+  }
+  return bounds_.empty() ? 0.0 : bounds_.back();
+}
+
+Metrics::Summary Metrics::Summarize() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Summary s;
+  s.prompt_tokens = prompt_tokens_;
+  s.generation_tokens = generation_tokens_;
+  s.requests_ok = requests_ok_;
+  s.requests_failed = requests_failed_;
+  s.ttft_p50 = ttft_.Quantile(0.5);
+  s.ttft_p90 = ttft_.Quantile(0.9);
+  s.ttft_p99 = ttft_.Quantile(0.99);
+  s.itl_p50 = tpot_.Quantile(0.5);
+  s.itl_p90 = tpot_.Quantile(0.9);
+  s.itl_p99 = tpot_.Quantile(0.99);
+  return s;
+}
+
 Metrics::Metrics()
     : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
              10.0, 20.0, 40.0, 80.0}),

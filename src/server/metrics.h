@@ -18,6 +18,10 @@ class Histogram {
   void Observe(double value);
   // Appends the _bucket/_sum/_count lines of metric `name`.
   void Render(const std::string& name, const std::string& help, std::string* out) const;
+  // The q-quantile as Prometheus's histogram_quantile estimates it (linear within the bucket
+  // that holds it; the last finite bound when it falls in +Inf); 0 with no observations.
+  double Quantile(double q) const;
+  uint64_t count() const { return count_; }
 
  private:
   std::vector<double> bounds_;
@@ -34,6 +38,14 @@ class Metrics {
   void RecordInterTokenGap(double seconds);  // time per output token, one per gap
   std::string Render(const kvserve::EngineStats& engine, const std::string& model,
                      const http::HttpServer::Stats& connections = {}) const;
+
+  // The request figures the dashboard shows (GET /v1/kv/state), from the same records.
+  struct Summary {
+    int64_t prompt_tokens = 0, generation_tokens = 0, requests_ok = 0, requests_failed = 0;
+    double ttft_p50 = 0, ttft_p90 = 0, ttft_p99 = 0;  // seconds
+    double itl_p50 = 0, itl_p90 = 0, itl_p99 = 0;
+  };
+  Summary Summarize() const;
 
  private:
   mutable std::mutex mu_;

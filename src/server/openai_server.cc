@@ -86,10 +86,12 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
                                       {"GET", "/v1/models"},
                                       {"POST", "/v1/completions"},
                                       {"POST", "/v1/chat/completions"},
-                                      {"POST", "/reset_prefix_cache"}};
+                                      {"POST", "/reset_prefix_cache"},
+                                      {"GET", kKvStatePath},
+                                      {"GET", kDashboardPath}};
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
-    if (req.path == r.path) route = &r;
+    if (req.path == r.path && (req.path != kDashboardPath || options_.dashboard)) route = &r;
   }
   if (IsKvDocumentPath(req.path) || req.path == kKvLookupPath) {
     // GET and POST on the collection and the lookup, GET and DELETE on a document.
@@ -139,6 +141,12 @@ void Server::Handle(http::Request& req, http::Response& res) {
     }
     return;
   }
+  if (req.path == kDashboardPath) {
+    // The page holds no data: it asks /v1/kv/state (with the API key, when there is one).
+    res.content_type = "text/html; charset=utf-8";
+    res.body = std::string(DashboardPage());
+    return;
+  }
   if (req.path == "/metrics") {
     const kvserve::EngineStats stats = ready_ ? engine_->stats() : kvserve::EngineStats{};
     res.content_type = "text/plain; version=0.0.4";
@@ -156,6 +164,7 @@ void Server::Handle(http::Request& req, http::Response& res) {
   if (req.path == "/v1/models") return Models(res);
   if (IsKvDocumentPath(req.path)) return KvDocuments(req, res);
   if (req.path == kKvLookupPath) return KvLookup(req, res);
+  if (req.path == kKvStatePath) return KvState(res);
   if (req.path == "/reset_prefix_cache") return ResetPrefixCache(res);
   Completion(req, res, /*chat=*/req.path == "/v1/chat/completions");
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <semaphore>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 #include "kvserve/kvserve.h"
@@ -23,6 +24,10 @@ namespace kvs::server {
 
 inline constexpr const char* kKvDocumentsPath = "/v1/kv/documents";
 inline constexpr const char* kKvLookupPath = "/v1/kv/lookup";
+inline constexpr const char* kKvStatePath = "/v1/kv/state";
+inline constexpr const char* kDashboardPath = "/dashboard";
+// The dashboard's page (server/dashboard_page.cc): one self-contained HTML document.
+std::string_view DashboardPage();
 // /v1/kv/documents and /v1/kv/documents/{name}.
 bool IsKvDocumentPath(const std::string& path);
 // Answers with `e` in the OpenAI error format (and no stream).
@@ -48,6 +53,7 @@ struct ServerOptions {
   int socket_send_buffer = 0;  // SO_SNDBUF of each connection (0: autotuned; tests shrink it)
   // How long Stop lets cancelled responses reach their end before cutting the connections.
   std::chrono::milliseconds shutdown_grace{5000};
+  bool dashboard = true;  // GET /dashboard (--no-dashboard: 404)
 };
 
 class Server {
@@ -84,6 +90,8 @@ class Server {
   void KvDocuments(const http::Request& req, http::Response& res);
   void ResetPrefixCache(http::Response& res);
   void KvLookup(const http::Request& req, http::Response& res);
+  // GET /v1/kv/state: the block map, running sequences and request figures (the dashboard's).
+  void KvState(http::Response& res);
   std::optional<ApiError> PromptOfBody(const nlohmann::json& body, std::vector<int32_t>* tokens,
                                        std::string* cache_salt, std::string* param) const;
   bool Authorized(const http::Request& req) const;
