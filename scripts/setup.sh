@@ -11,6 +11,8 @@ PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates pyth
 # package's own service (started by apt where an init system runs) is not used.
 # The deployment test parses deploy/compose.yaml and deploy/k8s/kvserve.yaml.
 PKGS+=(python3-yaml)
+# The dashboard's browser test drives Debian's chromium with playwright-core (npm).
+PKGS+=(chromium)
 # Node.js and npm run the openai npm package against the server in the tests; a machine that
 # already has node (e.g. from NodeSource, which bundles npm) keeps it.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)

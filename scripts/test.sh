@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The server's client test uses the official openai npm package (tests/openai_client).
 (cd tests/openai_client && npm install --no-audit --no-fund --loglevel=error)
+# The dashboard's browser test drives the system chromium with playwright-core.
+(cd tests/dashboard_browser && npm install --no-audit --no-fund --loglevel=error)
 jobs=$(nproc)
 scripts/build.sh release
 (cd build && ctest --output-on-failure -j "$jobs")

@@ -14,6 +14,7 @@ namespace {
 constexpr std::string_view kPage = R"HTML(<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kvserve KV dashboard</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <style>
 body{font:14px system-ui,sans-serif;margin:16px;background:#fafafa;color:#222}
 h1{font-size:18px;margin:0 0 8px}
@@ -74,12 +75,15 @@ function render(st) {
   $("n-done").textContent = c.request_success_total;
   $("hit").textContent = c.prefix_cache_queries_total > 0 ?
       (100 * c.prefix_cache_hits_total / c.prefix_cache_queries_total).toFixed(1) + "%" : "-";
+  // Tokens generated so far: finished requests' and the running ones' (a request counts in
+  // the totals only when it ends).
+  const generated = c.generation_tokens_total +
+      st.running.reduce((sum, r) => sum + r.output_tokens, 0);
   if (last) {
     const dt = (now - last.t) / 1000;
-    const dtok = (c.generation_tokens_total - last.c.generation_tokens_total);
-    $("tps").textContent = dt > 0 ? (dtok / dt).toFixed(1) : "-";
+    $("tps").textContent = dt > 0 ? Math.max(0, (generated - last.generated) / dt).toFixed(1) : "-";
   }
-  last = {t: now, c: c};
+  last = {t: now, generated: generated};
   const l = st.latency;
   $("ttft").textContent = [l.ttft_p50_s, l.ttft_p90_s, l.ttft_p99_s].map(ms).join(" / ");
   $("itl").textContent = [l.itl_p50_s, l.itl_p90_s, l.itl_p99_s].map(ms).join(" / ");
