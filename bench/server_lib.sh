@@ -3,7 +3,12 @@
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
 TMP=$(mktemp -d)
 SERVER=
-cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
+# KEEP_DATA=DIR (bench/report.sh): the raw JSON results are copied there before the temp dir goes.
+cleanup() {
+  [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null
+  if [ -n "${KEEP_DATA:-}" ]; then mkdir -p "$KEEP_DATA"; cp "$TMP"/*.json* "$KEEP_DATA"/ 2>/dev/null; fi
+  rm -rf "$TMP"
+}
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ready() {  # $1 port

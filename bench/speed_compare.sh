@@ -19,7 +19,8 @@ shift $((OPTIND - 1))
 [[ $# -ge 1 ]] || { echo "usage: $0 [-r REPS] [-t THREADS] MODEL.gguf..." >&2; exit 2; }
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+# KEEP_DATA=DIR (bench/report.sh): the raw JSON results are copied there before the temp dir goes.
+trap '[ -n "${KEEP_DATA:-}" ] && mkdir -p "$KEEP_DATA" && cp "$TMP"/*.json* "$KEEP_DATA"/; rm -rf "$TMP"' EXIT
 for pages in huge small; do
   build/kvserve bench bandwidth -t "$THREADS" --pages $pages --json >"$TMP/bw_$pages.json"
 done
