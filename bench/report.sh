@@ -19,12 +19,12 @@ SHARED=${KVSERVE_TEST_MODELS:-../shared/models}
   echo "installing python3-matplotlib" >&2
   apt-get install -y -qq python3-matplotlib >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-matplotlib >/dev/null; }
 }
-SPEED_MODELS=("$BM/llama-1b-q4_0.gguf")
+SPEED_MODELS=("$BM/llama-1b-q4_0.gguf" "$BM/llama-1b-q8_0.gguf" "$BM/llama-1b-f16.gguf")
 SERVE_MODEL="$BM/llama-1b-q4_0.gguf"
 FIDELITY_MODEL="$SHARED/stories-hd64-3M.gguf"
 CONC=1,4,16 NP=16 PROMPT=128 GEN=64 PREFIX=1000
 if [ $QUICK = 0 ]; then
-  SPEED_MODELS=("$BM/llama-1b-q4_0.gguf" "$BM/llama-1b-q8_0.gguf" "$BM/llama-1b-f16.gguf")
+  SPEED_MODELS+=("$BM/qwen2-0.5b-q8_0.gguf" "$BM/qwen3-0.6b-q8_0.gguf")
   CONC=1,4,16,64 GEN=128 PREFIX=2000
 fi
 for m in "${SPEED_MODELS[@]}" "$SERVE_MODEL" "$FIDELITY_MODEL"; do
@@ -35,7 +35,7 @@ DATA=docs/report/data/$DATE
 rm -rf "$DATA" && mkdir -p "$DATA"
 # Minutes per stage on the 2-core VM (quick / full).
 STAGES=(speed serve prefix fidelity codec render)
-if [ $QUICK = 1 ]; then EST=(2 5 4 1 1 1); else EST=(6 12 6 2 2 1); fi
+if [ $QUICK = 1 ]; then EST=(2 4 8 1 1 1); else EST=(4 12 10 2 2 1); fi
 total=0; for e in "${EST[@]}"; do total=$((total + e)); done
 echo "bench/report.sh: ${#STAGES[@]} stages, about $total minutes; data in $DATA" >&2
 T0=$(date +%s)
@@ -44,7 +44,7 @@ stage() {  # $1 index
 }
 {
   echo "date: $(date -u +'%Y-%m-%d %H:%M UTC')"
-  echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, $(grep -o 'avx512[a-z_]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, $(grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   echo "kvserve: $(git rev-parse --short HEAD)"
   echo "peer: llama.cpp $("$PEER/llama-cli" --version 2>&1 | head -1 | sed 's/version: //')"
   echo "quick: $QUICK"

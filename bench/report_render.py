@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 
 import matplotlib
 
@@ -29,12 +30,15 @@ def jsonl(path):
 
 def command(sub):
     path = os.path.join(DATA, sub, "command.txt")
-    return open(path).read().strip() if os.path.exists(path) else "?"
+    text = open(path).read().strip() if os.path.exists(path) else "?"
+    return text.replace(os.path.expanduser("~"), "~")
 
 
 def save(fig, name, cmd):
-    fig.text(0.01, 0.005, FOOT + "\n" + cmd, fontsize=6, color="#555", va="bottom")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    width = int(fig.get_figwidth() * 22)  # characters of 6-point text across the figure
+    lines = textwrap.wrap(FOOT, width) + textwrap.wrap(cmd, width)
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=6, color="#555", va="bottom")
+    fig.tight_layout(rect=(0, 0.025 * len(lines) + 0.02, 1, 1))
     fig.savefig(os.path.join(OUT, name), dpi=110)
     plt.close(fig)
     return name

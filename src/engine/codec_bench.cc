@@ -153,13 +153,25 @@ Expected<std::vector<CodecBenchResult>> RunCodecBench(
         files[b] = std::move(*file);
         hashes[b] = header.hash;
       }
-      for (int32_t b = 0; b < n_blocks; ++b) {
-        const auto t0 = Clock::now();
-        auto decoded = DecodeBlockFile(files[b], run.identity, hashes[b], run.transform.get());
-        run.decode_s += Seconds(t0);
-        if (!decoded.ok()) return decoded.status();
-        KVS_RETURN_IF_ERROR(seq.mutable_storage().WriteBlock(seq.pool_block(b), decoded->payload));
+      // The chain decoded kDecodePasses times, the fastest pass timed: a small model's blocks
+      // decode in tens of microseconds, where one stall of the machine would set the figure.
+      constexpr int kDecodePasses = 3;
+      double fastest = 0;
+      for (int pass = 0; pass < kDecodePasses; ++pass) {
+        double pass_s = 0;
+        for (int32_t b = 0; b < n_blocks; ++b) {
+          const auto t0 = Clock::now();
+          auto decoded = DecodeBlockFile(files[b], run.identity, hashes[b], run.transform.get());
+          pass_s += Seconds(t0);
+          if (!decoded.ok()) return decoded.status();
+          if (pass == kDecodePasses - 1) {
+            KVS_RETURN_IF_ERROR(
+                seq.mutable_storage().WriteBlock(seq.pool_block(b), decoded->payload));
+          }
+        }
+        fastest = pass == 0 ? pass_s : std::min(fastest, pass_s);
       }
+      run.decode_s += fastest;
       KVS_RETURN_IF_ERROR(
           seq.Run(chunk.data() + first, n_ctx - first, first, n_ctx - first, logits.data()));
       for (int32_t j = 0; j < n_scored; ++j) {
