@@ -4,7 +4,7 @@
 #   (a) shared-prefix: a PREFIX-token shared system prompt (random ids), then 32 different
 #       32-token questions, 32 generated tokens each; the first request alone (cold), the
 #       other 31 at concurrency 4 (warm).
-#   (b) multi-turn: 8 conversations of 6 turns at once, each turn resending the whole history
+#   (b) multi-turn: CONVERSATIONS (8) conversations of TURNS (6) turns at once, each turn resending the whole history
 #       as token ids plus a 32-token user turn, 48 generated tokens per turn (the reply's ids
 #       from return_token_ids; llama-server sends none, so its replies are resent as stand-in
 #       ids and only the history before each reply can hit its cache).
@@ -18,11 +18,12 @@ cd "$(dirname "$0")/.."
 [[ $# -ge 1 ]] || { echo "usage: $0 MODEL.gguf [PREFIX]" >&2; exit 2; }
 MODEL=$1 PREFIX=${2:-2000}
 THREADS=${THREADS:-2} NP=16 CTX=2560
+CONVERSATIONS=${CONVERSATIONS:-8} TURNS=${TURNS:-6}  # the multi-turn workload (bench/report.sh --quick: fewer)
 . bench/server_lib.sh
 load() {  # $1 label, $2 port
   build/kvserve bench serve --url "http://127.0.0.1:$2" --workload shared-prefix --prefix-tokens "$PREFIX" \
     --requests 32 --concurrency 4 --prompt-tokens 32 --gen-tokens 32 --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/r.jsonl"
-  build/kvserve bench serve --url "http://127.0.0.1:$2" --workload multi-turn --conversations 8 --turns 6 \
+  build/kvserve bench serve --url "http://127.0.0.1:$2" --workload multi-turn --conversations "$CONVERSATIONS" --turns "$TURNS" \
     --prompt-tokens 32 --gen-tokens 48 --json | sed "s/^{/{\"engine\":\"$1\",/" >>"$TMP/r.jsonl"
 }
 for mode in on off; do
@@ -39,7 +40,7 @@ for lm in ${PEER_LOAD_MODES:-mmap none}; do
   SERVER=$!; wait_ready "$PORT"; load "llama-server -lm $lm" "$PORT"
   kill -TERM "$SERVER"; wait "$SERVER" || true; SERVER=
 done
-python3 - "$TMP/r.jsonl" "$(basename "$MODEL" .gguf)" "$PREFIX" <<'PY'
+python3 - "$TMP/r.jsonl" "$(basename "$MODEL" .gguf)" "$PREFIX" "$CONVERSATIONS" "$TURNS" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print(f"model {sys.argv[2]}\n\n(a) shared prefix of {sys.argv[3]} tokens, 32 questions of 32 tokens, 32 generated\n")
@@ -49,7 +50,7 @@ for r in rows:
     if r["workload"] == "shared-prefix":
         print(f"| {r['engine']} | {r['errors']} | {r['ttft_cold_ms']:.0f} | {r['ttft_ms']['p50']:.0f} | {r['ttft_ms']['p99']:.0f} | "
               f"{r['cold_over_warm_ttft']:.1f}x | {r['output_tps']:.1f} |")
-print("\n(b) multi-turn: 8 conversations x 6 turns, history resent each turn, 48 generated per turn\n")
+print(f"\n(b) multi-turn: {sys.argv[4]} conversations x {sys.argv[5]} turns, history resent each turn, 48 generated per turn\n")
 print("| engine | errors | requests | wall s | output t/s | total t/s | TTFT p50 ms | TTFT p99 ms |")
 print("|---|---|---|---|---|---|---|---|")
 mt = {r["engine"]: r for r in rows if r["workload"] == "multi-turn"}

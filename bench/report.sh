@@ -19,13 +19,13 @@ SHARED=${KVSERVE_TEST_MODELS:-../shared/models}
   echo "installing python3-matplotlib" >&2
   apt-get install -y -qq python3-matplotlib >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-matplotlib >/dev/null; }
 }
-SPEED_MODELS=("$BM/llama-1b-q4_0.gguf" "$BM/llama-1b-q8_0.gguf" "$BM/llama-1b-f16.gguf")
+SPEED_MODELS=("$BM/llama-1b-q4_0.gguf" "$BM/llama-1b-q8_0.gguf")
 SERVE_MODEL="$BM/llama-1b-q4_0.gguf"
 FIDELITY_MODEL="$SHARED/stories-hd64-3M.gguf"
-CONC=1,4,16 NP=16 PROMPT=128 GEN=64 PREFIX=1000
+CONC=1,4,16 NP=16 PROMPT=128 GEN=64 PREFIX=1000 CONVERSATIONS=4 TURNS=4
 if [ $QUICK = 0 ]; then
-  SPEED_MODELS+=("$BM/qwen2-0.5b-q8_0.gguf" "$BM/qwen3-0.6b-q8_0.gguf")
-  CONC=1,4,16,64 GEN=128 PREFIX=2000
+  SPEED_MODELS+=("$BM/llama-1b-f16.gguf" "$BM/qwen2-0.5b-q8_0.gguf" "$BM/qwen3-0.6b-q8_0.gguf")
+  CONC=1,4,16,64 GEN=128 PREFIX=2000 CONVERSATIONS=8 TURNS=6
 fi
 for m in "${SPEED_MODELS[@]}" "$SERVE_MODEL" "$FIDELITY_MODEL"; do
   [ -f "$m" ] || { echo "missing $m (../shared/peer/make-bench-models.sh makes the bench models)" >&2; exit 1; }
@@ -35,7 +35,7 @@ DATA=docs/report/data/$DATE
 rm -rf "$DATA" && mkdir -p "$DATA"
 # Minutes per stage on the 2-core VM (quick / full).
 STAGES=(speed serve prefix fidelity codec render)
-if [ $QUICK = 1 ]; then EST=(2 4 8 1 1 1); else EST=(4 12 10 2 2 1); fi
+if [ $QUICK = 1 ]; then EST=(2 4 5 1 1 1); else EST=(5 12 10 2 2 1); fi
 total=0; for e in "${EST[@]}"; do total=$((total + e)); done
 echo "bench/report.sh: ${#STAGES[@]} stages, about $total minutes; data in $DATA" >&2
 T0=$(date +%s)
@@ -59,8 +59,9 @@ KEEP_DATA="$DATA/serve" bash bench/serve_compare.sh "$SERVE_MODEL" "$CONC" "$NP"
 echo "bench/serve_compare.sh $SERVE_MODEL $CONC $NP $PROMPT $GEN" >"$DATA/serve/command.txt"
 
 stage 2
-KEEP_DATA="$DATA/prefix" bash bench/prefix_compare.sh "$SERVE_MODEL" "$PREFIX" >"$DATA/prefix.md"
-echo "bench/prefix_compare.sh $SERVE_MODEL $PREFIX" >"$DATA/prefix/command.txt"
+KEEP_DATA="$DATA/prefix" CONVERSATIONS=$CONVERSATIONS TURNS=$TURNS \
+  bash bench/prefix_compare.sh "$SERVE_MODEL" "$PREFIX" >"$DATA/prefix.md"
+echo "CONVERSATIONS=$CONVERSATIONS TURNS=$TURNS bench/prefix_compare.sh $SERVE_MODEL $PREFIX" >"$DATA/prefix/command.txt"
 
 stage 3
 # KV fidelity: each KV type against an f32 cache on the same text (kvserve perplexity --kl-base;
