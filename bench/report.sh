@@ -13,7 +13,8 @@ case "${1:-}" in --quick) QUICK=1 ;; "") ;; *) echo "usage: $0 [--quick]" >&2; e
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
 BM=${KVS_BENCH_MODELS:-$HOME/.cache/kvserve-models}
 SHARED=${KVSERVE_TEST_MODELS:-../shared/models}
-[ -x build/kvserve ] || { echo "build kvserve first: scripts/build.sh" >&2; exit 1; }
+# A fresh clone: kvserve is built first (a no-op when it is up to date; not in the estimate).
+scripts/build.sh release kvserve >/dev/null
 [ -x "$PEER/llama-bench" ] || { echo "build the peer first: ../shared/peer/build-llama-cpp.sh" >&2; exit 1; }
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || {
   echo "installing python3-matplotlib" >&2
@@ -27,9 +28,14 @@ if [ $QUICK = 0 ]; then
   SPEED_MODELS+=("$BM/llama-1b-f16.gguf" "$BM/qwen2-0.5b-q8_0.gguf" "$BM/qwen3-0.6b-q8_0.gguf")
   CONC=1,4,16,64 GEN=128 PREFIX=2000 CONVERSATIONS=8 TURNS=6
 fi
-for m in "${SPEED_MODELS[@]}" "$SERVE_MODEL" "$FIDELITY_MODEL"; do
-  [ -f "$m" ] || { echo "missing $m (../shared/peer/make-bench-models.sh makes the bench models)" >&2; exit 1; }
+for m in "${SPEED_MODELS[@]}" "$SERVE_MODEL"; do  # the peer's random-weight bench models
+  if [ ! -f "$m" ]; then
+    preset=$(basename "$m" .gguf); preset=${preset%-*}
+    echo "making the bench model $preset (../shared/peer/make-bench-models.sh)" >&2
+    bash ../shared/peer/make-bench-models.sh "$BM" "$preset" >/dev/null
+  fi
 done
+[ -f "$FIDELITY_MODEL" ] || { echo "missing $FIDELITY_MODEL (set KVSERVE_TEST_MODELS)" >&2; exit 1; }
 DATE=$(date -u +%Y-%m-%d)
 DATA=docs/report/data/$DATE
 rm -rf "$DATA" && mkdir -p "$DATA"
