@@ -154,6 +154,7 @@ void Server::KvState(http::Response& res) {
         {"prefix_cache_queries_total", stats.prefix_cache_queries},
         {"prefix_cache_hits_total", stats.prefix_cache_hits},
         {"preemptions_total", stats.preemptions},
+        {"evicted_tokens_total", stats.evicted_tokens},
         {"kv_disk_hits_total", stats.kv_disk_hits},
         {"kv_redis_hits_total", stats.kv_redis_hits}}},
       {"latency",
