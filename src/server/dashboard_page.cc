@@ -107,6 +107,9 @@ function render(st) {
   draw(st);
 }
 async function poll() {
+  // When the shown state was asked for: a state asked for after a moment reflects it (tests wait
+  // on this, not on when a reply that may have been in flight arrived).
+  const asked = Date.now();
   try {
     const res = await fetch("/v1/kv/state", {headers: key ? {Authorization: "Bearer " + key} : {}});
     if (res.status === 401) {
@@ -117,7 +120,7 @@ async function poll() {
     } else {
       $("err").textContent = "";
       render(await res.json());
-      document.body.dataset.updated = String(Date.now());
+      document.body.dataset.asked = String(asked);
     }
   } catch (e) {
     $("err").textContent = "server unreachable: " + e.message;

@@ -26,20 +26,23 @@ async function dom(page) {
              rows: [...document.querySelectorAll("#requests tr.request")].map(
                (tr) => [...tr.children].map((td) => td.textContent)),
              drawn: Number(document.getElementById("map").dataset.blocks || 0),
-             updated: Number(document.body.dataset.updated || 0) };
+             asked: Number(document.body.dataset.asked || 0) };
   });
 }
-// The page's next refresh after now (it polls once a second).
+// The page's first refresh with a state asked for after now (it polls once a second; a reply in
+// flight now shows an older state).
 async function nextRefresh(page) {
   const since = Date.now();
-  await page.waitForFunction((t) => Number(document.body.dataset.updated || 0) > t, since,
+  await page.waitForFunction((t) => Number(document.body.dataset.asked || 0) > t, since,
                              { timeout: 10000 });
   return dom(page);
 }
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  // No background connections: this machine's network is closed to them.
+  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
 });
 try {
   const page = await browser.newPage({ viewport: { width: 1100, height: 700 } });
