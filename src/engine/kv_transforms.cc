@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/byte_io.h"
 #include "core/log.h"
 #include "engine/kv_format_factory.h"
 #include "kernels/kv_layer.h"
@@ -21,45 +22,6 @@ namespace {
 
 constexpr char kBasisMagic[8] = {'K', 'V', 'T', 'C', 'B', 'A', 'S', 'E'};
 constexpr uint32_t kBasisVersion = 1;
-
-void PutBasisFloats(std::vector<uint8_t>* out, const std::vector<float>& v) {
-  const size_t at = out->size();
-  out->resize(at + v.size() * 4);
-  std::memcpy(out->data() + at, v.data(), v.size() * 4);  // little-endian hosts only (x86-64)
-}
-
-template <typename T>
-void PutBasis(std::vector<uint8_t>* out, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    out->push_back(static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i)));
-  }
-}
-
-class BasisCursor {
- public:
-  explicit BasisCursor(std::span<const uint8_t> in) : in_(in) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (in_.size() - at_ < sizeof(T)) return false;
-    uint64_t x = 0;
-    for (size_t i = 0; i < sizeof(T); ++i) x |= uint64_t{in_[at_ + i]} << (8 * i);
-    *v = static_cast<T>(x);
-    at_ += sizeof(T);
-    return true;
-  }
-  bool Floats(std::vector<float>* v, size_t n) {
-    if ((in_.size() - at_) / 4 < n) return false;
-    v->resize(n);
-    std::memcpy(v->data(), in_.data() + at_, n * 4);
-    at_ += n * 4;
-    return true;
-  }
-  size_t at() const { return at_; }
-
- private:
-  std::span<const uint8_t> in_;
-  size_t at_ = 0;
-};
 
 Digest128 BasisBodyDigest(std::span<const uint8_t> body) {
   return DigestBytes(body.data(), body.size());
@@ -150,20 +112,22 @@ Expected<KvTransforms> FitKvTransforms(const Model& model, ThreadPool& pool,
 }
 
 std::vector<uint8_t> SerializeKvTransforms(const KvTransforms& t) {
-  std::vector<uint8_t> out(kBasisMagic, kBasisMagic + sizeof(kBasisMagic));
-  PutBasis(&out, kBasisVersion);
-  PutBasis(&out, t.key.lo);
-  PutBasis(&out, t.key.hi);
-  for (int32_t v : {t.n_layer, t.n_head_kv, t.head_dim_k, t.head_dim_v}) PutBasis(&out, v);
-  PutBasis(&out, t.n_samples);
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kBasisMagic, sizeof(kBasisMagic));
+  w.Int(kBasisVersion);
+  w.Int(t.key.lo);
+  w.Int(t.key.hi);
+  for (int32_t v : {t.n_layer, t.n_head_kv, t.head_dim_k, t.head_dim_v}) w.Int(v);
+  w.Int(t.n_samples);
   for (const auto* heads : {&t.keys, &t.values}) {
     for (const HeadTransform& h : *heads) {
-      PutBasisFloats(&out, h.mean);
-      PutBasisFloats(&out, h.components);
-      PutBasisFloats(&out, h.variance);
+      w.Floats(h.mean);
+      w.Floats(h.components);
+      w.Floats(h.variance);
     }
   }
-  PutBasis(&out, static_cast<uint64_t>(XXH3_64bits(out.data(), out.size())));
+  w.Int(static_cast<uint64_t>(XXH3_64bits(out.data(), out.size())));
   return out;
 }
 
@@ -171,26 +135,24 @@ Expected<KvTransforms> ParseKvTransforms(std::span<const uint8_t> bytes, const D
                                          const KvGeometry& g) {
   if (bytes.size() < sizeof(kBasisMagic) + 8) return Status::Error("basis file: truncated");
   const std::span<const uint8_t> body = bytes.first(bytes.size() - 8);
-  BasisCursor tail(bytes.subspan(bytes.size() - 8));
-  uint64_t checksum = 0;
-  tail.Get(&checksum);
+  const uint64_t checksum = LoadLittleEndian<uint64_t>(bytes.data() + bytes.size() - 8);
   if (XXH3_64bits(body.data(), body.size()) != checksum) {
     return Status::Error("basis file: checksum mismatch");
   }
   if (std::memcmp(body.data(), kBasisMagic, sizeof(kBasisMagic)) != 0) {
     return Status::Error("basis file: bad magic");
   }
-  BasisCursor r(body.subspan(sizeof(kBasisMagic)));
+  ByteReader r(body.subspan(sizeof(kBasisMagic)));
   uint32_t version = 0;
   KvTransforms t;
-  if (!r.Get(&version) || version != kBasisVersion) {
+  if (!r.Int(&version) || version != kBasisVersion) {
     return Status::Error("basis file: another version");
   }
-  if (!r.Get(&t.key.lo) || !r.Get(&t.key.hi) || !(t.key == key)) {
+  if (!r.Int(&t.key.lo) || !r.Int(&t.key.hi) || !(t.key == key)) {
     return Status::Error("basis file: fitted for another model, KV format or calibration");
   }
-  if (!r.Get(&t.n_layer) || !r.Get(&t.n_head_kv) || !r.Get(&t.head_dim_k) ||
-      !r.Get(&t.head_dim_v) || !r.Get(&t.n_samples) || t.n_layer != g.n_layer ||
+  if (!r.Int(&t.n_layer) || !r.Int(&t.n_head_kv) || !r.Int(&t.head_dim_k) ||
+      !r.Int(&t.head_dim_v) || !r.Int(&t.n_samples) || t.n_layer != g.n_layer ||
       t.n_head_kv != g.n_head_kv || t.head_dim_k != g.head_dim_k || t.head_dim_v != g.head_dim_v) {
     return Status::Error("basis file: another geometry");
   }
@@ -213,7 +175,7 @@ Expected<KvTransforms> ParseKvTransforms(std::span<const uint8_t> bytes, const D
       }
     }
   }
-  if (sizeof(kBasisMagic) + r.at() != body.size())
+  if (sizeof(kBasisMagic) + r.pos() != body.size())
     return Status::Error("basis file: trailing bytes");
   t.digest = BasisBodyDigest(body);
   return t;

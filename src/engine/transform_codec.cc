@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/byte_io.h"
 #include "kernels/attention.h"
 #include "kernels/kv_layer.h"
 #include "kernels/ops.h"
@@ -19,21 +20,6 @@ constexpr uint8_t kPayloadMagic[4] = {'K', 'V', 'T', 'C'};
 constexpr uint8_t kPayloadVersion = 1;
 constexpr uint8_t kFlagZstd = 1;
 constexpr size_t kPayloadHeaderBytes = 4 + 1 + 1 + 2 + 16 + 4 + 4;
-
-void PayloadPutU32(std::vector<uint8_t>* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint32_t PayloadGetU32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-void PayloadPutU64(std::vector<uint8_t>* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint64_t PayloadGetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
 
 // Positions of a block at first_position that are sinks (stored as f16), a prefix of the block.
 int32_t PayloadSinkCount(int32_t first_position, int32_t sink_tokens, int32_t block_size) {
@@ -277,19 +263,16 @@ Expected<std::vector<uint8_t>> TransformCodec::Encode(std::span<const uint8_t> b
 
   std::vector<uint8_t> out;
   out.reserve(kPayloadHeaderBytes + sinks.size() * 2 + body.size());
-  out.insert(out.end(), kPayloadMagic, kPayloadMagic + 4);
-  out.push_back(kPayloadVersion);
-  out.push_back(use_zstd ? kFlagZstd : 0);
-  out.push_back(static_cast<uint8_t>(n_sink));
-  out.push_back(static_cast<uint8_t>(n_sink >> 8));
-  PayloadPutU64(&out, fit_digest_.lo);
-  PayloadPutU64(&out, fit_digest_.hi);
-  PayloadPutU32(&out, static_cast<uint32_t>(first_position));
-  PayloadPutU32(&out, static_cast<uint32_t>(body.size()));
-  for (uint16_t s : sinks) {
-    out.push_back(static_cast<uint8_t>(s));
-    out.push_back(static_cast<uint8_t>(s >> 8));
-  }
+  ByteWriter w(&out);
+  w.Bytes(kPayloadMagic, 4);
+  w.Int(kPayloadVersion);
+  w.Int(uint8_t{use_zstd ? kFlagZstd : uint8_t{0}});
+  w.Int(static_cast<uint16_t>(n_sink));
+  w.Int(fit_digest_.lo);
+  w.Int(fit_digest_.hi);
+  w.Int(static_cast<uint32_t>(first_position));
+  w.Int(static_cast<uint32_t>(body.size()));
+  for (uint16_t s : sinks) w.Int(s);
   out.insert(out.end(), body.begin(), body.end());
   return out;
 }
@@ -347,7 +330,7 @@ bool TransformCodec::OtherFit(std::span<const uint8_t> payload) const {
     return false;
   }
   const uint8_t* p = payload.data();
-  const Digest128 fit{PayloadGetU64(p + 8), PayloadGetU64(p + 16)};
+  const Digest128 fit{LoadLittleEndian<uint64_t>(p + 8), LoadLittleEndian<uint64_t>(p + 16)};
   return p[4] != kPayloadVersion || !(fit == fit_digest_);
 }
 
@@ -363,9 +346,9 @@ Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint
   }
   const uint8_t flags = p[5];
   const int32_t n_sink = p[6] | p[7] << 8;
-  const Digest128 fit{PayloadGetU64(p + 8), PayloadGetU64(p + 16)};
-  const int32_t first_position = static_cast<int32_t>(PayloadGetU32(p + 24));
-  const uint32_t body_bytes = PayloadGetU32(p + 28);
+  const Digest128 fit{LoadLittleEndian<uint64_t>(p + 8), LoadLittleEndian<uint64_t>(p + 16)};
+  const int32_t first_position = static_cast<int32_t>(LoadLittleEndian<uint32_t>(p + 24));
+  const uint32_t body_bytes = LoadLittleEndian<uint32_t>(p + 28);
   if (!(fit == fit_digest_)) {
     return Status::Error(
         "transform payload: coded with another fit (model, calibration, bits or version)");

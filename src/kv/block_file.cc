@@ -11,62 +11,25 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/byte_io.h"
+
 namespace kvs {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'S', 'B', 'L', 'O', 'C', 'K'};
 
-class Writer {
- public:
-  explicit Writer(std::vector<uint8_t>* out) : out_(out) {}
-  void Bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out_->insert(out_->end(), b, b + n);
-  }
-  template <typename T>
-  void Int(T v) {  // little-endian
-    for (size_t i = 0; i < sizeof(T); ++i) {
-      out_->push_back(static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i)));
-    }
-  }
-  void Hash(const BlockHash& h) {
-    Int(h.lo);
-    Int(h.hi);
-  }
+void PutHash(ByteWriter& w, const BlockHash& h) {
+  w.Int(h.lo);
+  w.Int(h.hi);
+}
 
- private:
-  std::vector<uint8_t>* out_;
-};
+bool GetHash(ByteReader& r, BlockHash* h) {
+  return r.Int(&h->lo) && r.Int(&h->hi);
+}
 
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
-  bool Bytes(void* p, size_t n) {
-    if (in_.size() - pos_ < n) return false;
-    std::memcpy(p, in_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  template <typename T>
-  bool Int(T* v) {
-    if (in_.size() - pos_ < sizeof(T)) return false;
-    uint64_t x = 0;
-    for (size_t i = 0; i < sizeof(T); ++i) x |= uint64_t{in_[pos_ + i]} << (8 * i);
-    *v = static_cast<T>(x);
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool Hash(BlockHash* h) { return Int(&h->lo) && Int(&h->hi); }
-  size_t pos() const { return pos_; }
-
- private:
-  std::span<const uint8_t> in_;
-  size_t pos_ = 0;
-};
-
-void WriteIdentity(Writer& w, const BlockIdentity& id) {
-  w.Hash(id.model);
-  w.Hash(id.kv_format);
+void WriteIdentity(ByteWriter& w, const BlockIdentity& id) {
+  PutHash(w, id.model);
+  PutHash(w, id.kv_format);
   w.Int(id.k_type);
   w.Int(id.v_type);
   for (int32_t v : {id.block_size, id.n_layer, id.n_head_kv, id.head_dim_k, id.head_dim_v}) {
@@ -74,10 +37,10 @@ void WriteIdentity(Writer& w, const BlockIdentity& id) {
   }
 }
 
-bool ReadIdentity(Reader& r, BlockIdentity* id) {
-  return r.Hash(&id->model) && r.Hash(&id->kv_format) && r.Int(&id->k_type) && r.Int(&id->v_type) &&
-         r.Int(&id->block_size) && r.Int(&id->n_layer) && r.Int(&id->n_head_kv) &&
-         r.Int(&id->head_dim_k) && r.Int(&id->head_dim_v);
+bool ReadIdentity(ByteReader& r, BlockIdentity* id) {
+  return GetHash(r, &id->model) && GetHash(r, &id->kv_format) && r.Int(&id->k_type) &&
+         r.Int(&id->v_type) && r.Int(&id->block_size) && r.Int(&id->n_layer) &&
+         r.Int(&id->n_head_kv) && r.Int(&id->head_dim_k) && r.Int(&id->head_dim_v);
 }
 
 }  // namespace
@@ -132,7 +95,7 @@ Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
     }
   }
   std::vector<uint8_t> out;
-  Writer w(&out);
+  ByteWriter w(&out);
   w.Bytes(kMagic, sizeof(kMagic));
   w.Int(kBlockFileVersion);
   const size_t header_bytes_at = out.size();
@@ -140,8 +103,8 @@ Expected<std::vector<uint8_t>> EncodeBlockFile(const BlockFileHeader& header,
   WriteIdentity(w, header.identity);
   w.Int(static_cast<uint8_t>(codec));
   w.Bytes("\0\0\0", 3);
-  w.Hash(header.hash);
-  w.Hash(header.parent);
+  PutHash(w, header.hash);
+  PutHash(w, header.parent);
   w.Int(static_cast<uint32_t>(header.tokens.size()));
   for (int32_t t : header.tokens) w.Int(t);
   w.Int(static_cast<uint64_t>(payload.size()));
@@ -179,13 +142,11 @@ Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
   if (other_codec != nullptr) *other_codec = false;
   if (bytes.size() < sizeof(kMagic) + 8 + 8) return Status::Error("block file: truncated");
   // The checksum first: nothing of a file whose bytes changed is read.
-  Reader tail(bytes.subspan(bytes.size() - 8));
-  uint64_t checksum = 0;
-  tail.Int(&checksum);
+  const uint64_t checksum = LoadLittleEndian<uint64_t>(bytes.data() + bytes.size() - 8);
   if (XXH3_64bits(bytes.data(), bytes.size() - 8) != checksum) {
     return Status::Error("block file: checksum mismatch (torn, truncated or corrupted)");
   }
-  Reader r(bytes.first(bytes.size() - 8));
+  ByteReader r(bytes.first(bytes.size() - 8));
   char magic[8];
   uint32_t version = 0, header_bytes = 0;
   if (!r.Bytes(magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
@@ -201,7 +162,7 @@ Expected<DecodedBlock> DecodeBlockFile(std::span<const uint8_t> bytes,
   uint8_t pad[3];
   uint32_t n_tokens = 0;
   if (!r.Int(&header_bytes) || !ReadIdentity(r, &h.identity) || !r.Int(&codec) ||
-      !r.Bytes(pad, 3) || !r.Hash(&h.hash) || !r.Hash(&h.parent) || !r.Int(&n_tokens)) {
+      !r.Bytes(pad, 3) || !GetHash(r, &h.hash) || !GetHash(r, &h.parent) || !r.Int(&n_tokens)) {
     return Status::Error("block file: truncated header");
   }
   if (!(h.identity == expected_identity)) {
