@@ -8,8 +8,28 @@
 #          its bench models (../shared/peer/make-bench-models.sh) in ~/.cache/kvserve-models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+usage() {
+  cat <<EOF
+usage: bench/report.sh [--quick]
+Runs kvserve beside llama.cpp (speed, serving, prefix cache, KV fidelity, cold-tier codecs),
+keeps the raw JSON under docs/report/data/DATE/ and renders docs/report/README.md with plots.
+  --quick     one model per suite, short runs (about 15 minutes on a 2-core Zen 5 VM; the full
+              run adds llama-1b-f16, qwen2/qwen3 models and concurrency 64; not yet timed)
+  -h, --help  this text
+Needs: the peer built by ../shared/peer/build-llama-cpp.sh (KVS_PEER_DIR, default
+~/.cache/kvserve-peer); bench models in KVS_BENCH_MODELS (default ~/.cache/kvserve-models, made
+when missing); ../shared/models (KVSERVE_TEST_MODELS). Installs python3-matplotlib if missing.
+Time it on a quiet machine: nothing else running.
+EOF
+}
 QUICK=0
-case "${1:-}" in --quick) QUICK=1 ;; "") ;; *) echo "usage: $0 [--quick]" >&2; exit 2 ;; esac
+[ $# -le 1 ] || { usage >&2; exit 2; }
+case "${1:-}" in
+  --quick) QUICK=1 ;;
+  -h | --help) usage; exit 0 ;;
+  "") ;;
+  *) echo "bench/report.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+esac
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
 BM=${KVS_BENCH_MODELS:-$HOME/.cache/kvserve-models}
 SHARED=${KVSERVE_TEST_MODELS:-../shared/models}

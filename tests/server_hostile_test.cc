@@ -260,6 +260,19 @@ TEST_F(HostileTest, MissingOrBadLengthIsAnsweredAtOnce) {
   EXPECT_EQ(StatusOf(RawCall(
                 port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
             400);
+  // A body sent without a length is not read as the next request (here, one that would answer
+  // 200): one reply, naming the missing body, and the connection closes (not a timeout).
+  const std::string unframed = RawCall(
+      port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(StatusOf(unframed), 400) << unframed;
+  EXPECT_NE(unframed.find("no body"), std::string::npos) << unframed;
+  EXPECT_NE(unframed.find("Connection: close"), std::string::npos) << unframed;
+  size_t replies = 0;
+  for (size_t at = unframed.find("HTTP/1.1 "); at != std::string::npos;
+       at = unframed.find("HTTP/1.1 ", at + 1)) {
+    ++replies;
+  }
+  EXPECT_EQ(replies, 1u) << unframed;
   EXPECT_EQ(
       StatusOf(RawCall(port_, "POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n")),
       400);

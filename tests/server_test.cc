@@ -624,14 +624,24 @@ TEST_F(ServerTest, KvStateAgreesWithMetricsAndListsRunningRequests) {
   req.path = "/v1/completions";
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+  std::string first_chunk;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     if (seen.is_null()) seen = get_state();
+    first_chunk.assign(data, n);
     return false;  // one chunk is enough: the client goes away, the request is cancelled
   };
   streamer.send(req);
   ASSERT_FALSE(seen.is_null());
   ASSERT_EQ(seen["running"].size(), 1u) << seen.dump();
   const json& r = seen["running"][0];
+  // Named as the client knows it (the stream's id), its first choice.
+  const size_t id_at = first_chunk.find("\"id\":\"");
+  ASSERT_NE(id_at, std::string::npos) << first_chunk;
+  const std::string stream_id =
+      first_chunk.substr(id_at + 6, first_chunk.find('"', id_at + 6) - (id_at + 6));
+  EXPECT_EQ(stream_id.rfind("cmpl-", 0), 0u) << first_chunk;
+  EXPECT_EQ(r["id"], stream_id);
+  EXPECT_EQ(r["choice"], 0);
   EXPECT_EQ(r["prompt_tokens"], prompt_tokens);
   EXPECT_EQ(r["cached_tokens"], (prompt_tokens - 1) / 16 * 16);
   // The table covers every token whose KV is written: all but the last sampled one, whose KV the
@@ -662,9 +672,17 @@ TEST_F(ServerTest, DashboardPageKeyAndSwitch) {
   EXPECT_NE(page->body.find("/v1/kv/state"), std::string::npos);
   EXPECT_EQ(page->body.find("http://"), std::string::npos);  // nothing from elsewhere
   EXPECT_EQ(page->body.find("https://"), std::string::npos);
+  // Not framed by other sites, not cached: the page keeps the key for the tab.
+  EXPECT_EQ(page->get_header_value("X-Frame-Options"), "DENY");
+  EXPECT_EQ(page->get_header_value("Cache-Control"), "no-store");
   auto no_key = client_->Get("/v1/kv/state");
   ASSERT_TRUE(no_key);
   EXPECT_EQ(no_key->status, 401);
+  EXPECT_EQ(no_key->get_header_value("WWW-Authenticate"), "Bearer");
+  auto post = client_->Post("/v1/kv/state", {{"Authorization", "Bearer sekret"}}, "", "text/plain");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+  EXPECT_EQ(post->get_header_value("Allow"), "GET, HEAD");
   auto with_key = client_->Get("/v1/kv/state", {{"Authorization", "Bearer sekret"}});
   ASSERT_TRUE(with_key);
   EXPECT_EQ(with_key->status, 200);

@@ -238,6 +238,7 @@ struct KvPrefixLookup {
 // The KV cache now (GET /v1/kv/state, the dashboard's block map), taken between two steps.
 struct KvSequenceState {
   uint64_t request = 0;
+  int32_t choice = 0;  // which of the request's n choices
   int32_t prompt_tokens = 0;
   int32_t output_tokens = 0;
   int32_t cached_tokens = 0;    // of the prompt, found in the prefix cache (RAM and tiers)

@@ -29,6 +29,7 @@ bool Engine::KvState(KvCacheState* out, std::string* error) const {
           for (const kvs::Sequence* seq : e.scheduler().running()) {
             KvSequenceState s;
             s.request = static_cast<uint64_t>(seq->request);
+            s.choice = seq->choice;
             s.prompt_tokens = seq->n_prompt;
             s.output_tokens =
                 static_cast<int32_t>(seq->tokens.size()) - seq->n_prompt - seq->n_in_flight;

@@ -24,7 +24,7 @@ h1{font-size:18px;margin:0 0 8px}
 canvas{border:1px solid #ccc;background:#fff}
 table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:right}
 .sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 10px;vertical-align:middle}
-#err{color:#b00}
+#err{color:#b00;cursor:default}
 </style></head><body>
 <h1>kvserve — KV cache <span id="model" class="k"></span></h1>
 <div id="err"></div>
@@ -49,6 +49,12 @@ table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ee
 const colors = {f: "#e8e8e8", c: "#6baed6", u: "#31a354", s: "#e6550d"};
 let key = sessionStorage.getItem("kvserve-key") || "";
 let last = null;
+let asked_key = false;
+function askKey() {
+  asked_key = true;
+  key = window.prompt("API key (--api-key)") || "";
+  sessionStorage.setItem("kvserve-key", key);
+}
 const $ = (id) => document.getElementById(id);
 const ms = (s) => (s * 1000).toFixed(0) + " ms";
 function draw(st) {
@@ -97,7 +103,8 @@ function render(st) {
   body.replaceChildren(...st.running.map((r) => {
     const tr = document.createElement("tr");
     tr.className = "request";
-    for (const v of [r.id, r.prompt_tokens, r.cached_tokens, r.output_tokens, r.blocks.length]) {
+    const id = r.choice > 0 ? r.id + " #" + r.choice : r.id;  // a request's n choices apart
+    for (const v of [id, r.prompt_tokens, r.cached_tokens, r.output_tokens, r.blocks.length]) {
       const td = document.createElement("td");
       td.textContent = v;
       tr.appendChild(td);
@@ -113,8 +120,9 @@ async function poll() {
   try {
     const res = await fetch("/v1/kv/state", {headers: key ? {Authorization: "Bearer " + key} : {}});
     if (res.status === 401) {
-      key = window.prompt("API key (--api-key)") || "";
-      sessionStorage.setItem("kvserve-key", key);
+      // Asked once by itself; after that only when the message is clicked (no prompt loop).
+      if (!asked_key) askKey();
+      $("err").textContent = "GET /v1/kv/state: the API key is missing or wrong (click to enter it)";
     } else if (!res.ok) {
       $("err").textContent = "GET /v1/kv/state: HTTP " + res.status;
     } else {
@@ -127,6 +135,7 @@ async function poll() {
   }
   setTimeout(poll, 1000);
 }
+$("err").addEventListener("click", () => { if ($("err").textContent.includes("API key")) askKey(); });
 poll();
 </script></body></html>
 )HTML";

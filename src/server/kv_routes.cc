@@ -114,11 +114,10 @@ std::optional<ApiError> Server::PromptOfBody(const nlohmann::json& body,
 
 void Server::KvState(http::Response& res) {
   res.content_type = "application/json";
-  kvserve::KvCacheState state;
-  std::string error;
-  if (!engine_->KvState(&state, &error)) {
-    return SendError(res, ApiError{503, "server_error", error, {}, {}});
-  }
+  const std::shared_ptr<const KvStateReply> reply = kv_state_.Get();
+  if (!reply->error.empty())
+    return SendError(res, ApiError{503, "server_error", reply->error, {}, {}});
+  const kvserve::KvCacheState& state = reply->state;
   const kvserve::EngineStats stats = engine_->stats();
   const Metrics::Summary m = metrics_.Summarize();
   int64_t counts[4] = {0, 0, 0, 0};  // f c u s
@@ -126,12 +125,27 @@ void Server::KvState(http::Response& res) {
   nlohmann::json shared = nlohmann::json::array();
   for (const auto& [id, refs] : state.shared) shared.push_back({id, refs});
   nlohmann::json running = nlohmann::json::array();
+  std::unordered_map<uint64_t, std::string> ids;
+  {
+    std::lock_guard lock(response_ids_mu_);
+    for (const kvserve::KvSequenceState& s : state.running) {
+      auto it = response_ids_.find(s.request);
+      if (it != response_ids_.end()) ids[s.request] = it->second;
+    }
+  }
   for (const kvserve::KvSequenceState& s : state.running) {
-    running.push_back({{"id", StrFormat("req-%llu", static_cast<unsigned long long>(s.request))},
-                       {"prompt_tokens", s.prompt_tokens},
-                       {"output_tokens", s.output_tokens},
-                       {"cached_tokens", s.cached_tokens},
-                       {"blocks", s.blocks}});
+    // The id the client was given; a request of the server's own (a KV document's prefill) has
+    // none, and is named by its engine request number.
+    auto id = ids.find(s.request);
+    running.push_back(
+        {{"id", id != ids.end()
+                    ? id->second
+                    : StrFormat("req-%llu", static_cast<unsigned long long>(s.request))},
+         {"choice", s.choice},
+         {"prompt_tokens", s.prompt_tokens},
+         {"output_tokens", s.output_tokens},
+         {"cached_tokens", s.cached_tokens},
+         {"blocks", s.blocks}});
   }
   const nlohmann::json body = {
       {"object", "kv.state"},

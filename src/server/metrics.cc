@@ -201,7 +201,10 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
           static_cast<double>(s.kv_redis_dropped));
   }
   gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
-  gauge("kv_cache_blocks_free", "gauge", "KV blocks free.", s.kv_blocks_free);
+  gauge("kv_cache_blocks_free", "gauge",
+        "KV blocks free to allocate (prefix-cached blocks nobody holds count: /v1/kv/state splits "
+        "them).",
+        s.kv_blocks_free);
   // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding
   // client being shed.
   gauge("http_connections_open", "gauge", "HTTP connections open.",

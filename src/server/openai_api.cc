@@ -196,6 +196,14 @@ std::string Quote(const std::string& value) {
 }
 
 std::optional<ApiError> ParseJsonBody(const std::string& body, nlohmann::json* out) {
+  if (body.empty()) {
+    return ApiError{400,
+                    "invalid_request_error",
+                    "The request has no body: send the JSON with a Content-Length (or "
+                    "Transfer-Encoding: chunked).",
+                    {},
+                    {}};
+  }
   JsonBudget budget;
   if (!nlohmann::json::sax_parse(body, &budget)) {
     return ApiError{400,

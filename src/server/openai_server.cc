@@ -38,7 +38,14 @@ constexpr size_t kLargeBodyBytes = size_t{1} << 20;
 
 }  // namespace
 
-Server::Server(ServerOptions options) : options_(std::move(options)) {
+Server::Server(ServerOptions options)
+    : options_(std::move(options)), kv_state_(kKvStateInterval, [this] {
+        auto reply = std::make_shared<KvStateReply>();
+        if (!engine_->KvState(&reply->state, &reply->error) && reply->error.empty()) {
+          reply->error = "the KV state could not be read";
+        }
+        return std::shared_ptr<const KvStateReply>(std::move(reply));
+      }) {
   model_id_ = options_.alias.empty() ? FileStem(options_.model_path) : options_.alias;
 }
 
@@ -75,6 +82,7 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
                                                         "'Authorization: Bearer KEY'.",
                             {},
                             "invalid_api_key"});
+    res.headers.push_back({"WWW-Authenticate", "Bearer"});  // RFC 9110: a 401 names its scheme
     return res;
   }
   struct Route {
@@ -96,7 +104,7 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
   if (IsKvDocumentPath(req.path) || req.path == kKvLookupPath) {
     // GET and POST on the collection and the lookup, GET and DELETE on a document.
     const bool collection = req.path == kKvDocumentsPath || req.path == kKvLookupPath;
-    const char* allowed = collection ? "GET, POST" : "GET, DELETE";
+    const char* allowed = collection ? "GET, HEAD, POST" : "GET, HEAD, DELETE";
     const bool ok = req.method == "GET" || req.method == "HEAD" ||
                     req.method == (collection ? "POST" : "DELETE");
     if (ok) return std::nullopt;
@@ -118,12 +126,14 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
   }
   const bool get_or_head = std::string_view(route->method) == "GET" && req.method == "HEAD";
   if (req.method != route->method && !get_or_head) {
+    const std::string allowed =
+        std::string_view(route->method) == "GET" ? "GET, HEAD" : route->method;
     SendError(res, ApiError{405,
                             "invalid_request_error",
-                            req.path + " takes " + route->method + ", not " + Quote(req.method),
+                            req.path + " takes " + allowed + ", not " + Quote(req.method),
                             {},
                             "method_not_allowed"});
-    res.headers.push_back({"Allow", route->method});
+    res.headers.push_back({"Allow", allowed});
     return res;
   }
   return std::nullopt;
@@ -145,6 +155,11 @@ void Server::Handle(http::Request& req, http::Response& res) {
     // The page holds no data: it asks /v1/kv/state (with the API key, when there is one).
     res.content_type = "text/html; charset=utf-8";
     res.body = std::string(DashboardPage());
+    // It keeps the API key for the tab: no framing by other sites, no sniffing, no caching.
+    res.headers.push_back({"X-Frame-Options", "DENY"});
+    res.headers.push_back({"Content-Security-Policy", "frame-ancestors 'none'"});
+    res.headers.push_back({"X-Content-Type-Options", "nosniff"});
+    res.headers.push_back({"Cache-Control", "no-store"});
     return;
   }
   if (req.path == "/metrics") {
@@ -315,20 +330,29 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
                                    budget ? "kv_budget" : (kv ? "max_tokens" : std::string()),
                                    {}});
   }
+  {
+    std::lock_guard lock(response_ids_mu_);
+    response_ids_[rid] = id;
+  }
   kvserve::Engine* engine = engine_.get();
   call->Attach(rid, [engine](uint64_t r) { engine->Cancel(r); });
   res.content_type = request.stream ? "text/event-stream" : "application/json";
-  res.stream = [call, this](http::BodyWriter& writer) {
+  res.stream = [call, this, rid](http::BodyWriter& writer) {
     // Ends the request in the engine however the response ends (no-op when it completed).
     struct Release {
       CompletionCall* call;
-      std::atomic<int64_t>* in_flight;
+      Server* server;
+      uint64_t rid;
       ~Release() {
         call->OnEngineDone(nullptr);
         call->Abandon();
-        in_flight->fetch_sub(1);
+        {
+          std::lock_guard lock(server->response_ids_mu_);
+          server->response_ids_.erase(rid);
+        }
+        server->in_flight_.fetch_sub(1);
       }
-    } release{call.get(), &in_flight_};
+    } release{call.get(), this, rid};
     // Once the engine is done, the rest must reach the client within --timeout: a client that
     // reads too slowly to keep up must not hold its seat and its thread for ever.
     const auto grace = options_.write_timeout;

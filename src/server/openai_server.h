@@ -12,10 +12,12 @@
 #include <semaphore>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "core/status.h"
 #include "kvserve/kvserve.h"
 #include "server/chat_template.h"
+#include "server/coalesced_snapshot.h"
 #include "server/http/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -108,6 +110,17 @@ class Server {
   Metrics metrics_;
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int64_t> next_id_{1};
+  // The ids clients see (cmpl-N, chatcmpl-N) of the engine's requests, for /v1/kv/state.
+  std::mutex response_ids_mu_;
+  std::unordered_map<uint64_t, std::string> response_ids_;
+  // GET /v1/kv/state walks the whole pool on the engine loop: pollers share one walk, and walks
+  // start at least kKvStateInterval apart, so polling clients cannot stall decoding.
+  struct KvStateReply {
+    std::string error;  // empty when state holds the snapshot
+    kvserve::KvCacheState state;
+  };
+  static constexpr std::chrono::milliseconds kKvStateInterval{100};
+  CoalescedSnapshot<KvStateReply> kv_state_;
   std::mutex stop_mu_;
   std::counting_semaphore<> heavy_{2};  // large bodies being parsed and tokenized
 };

@@ -209,8 +209,14 @@ RequestParser::State RequestParser::ParseHead(std::string_view head) {
   }
   // Neither length nor chunked: no body (RFC 9112 6.3), also for a POST: `curl -X POST
   // .../reset_prefix_cache`, as vLLM's docs write it, sends none. An endpoint that needs a body
-  // answers 400 for the empty one.
-  if (!has_length) content_length_ = 0;
+  // answers 400 for the empty one. A client that meant to send a body anyway would have its
+  // bytes read as the next request: the connection closes after the reply instead.
+  if (!has_length) {
+    content_length_ = 0;
+    if (request_.method == "POST" || request_.method == "PUT" || request_.method == "PATCH") {
+      keep_alive_ = false;
+    }
+  }
   if (content_length_ > limits_.max_body_bytes) {
     return Fail(413, "The request body is too large (more than " +
                          std::to_string(limits_.max_body_bytes) + " bytes).");
