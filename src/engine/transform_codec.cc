@@ -266,7 +266,7 @@ Expected<std::vector<uint8_t>> TransformCodec::Encode(std::span<const uint8_t> b
   ByteWriter w(&out);
   w.Bytes(kPayloadMagic, 4);
   w.Int(kPayloadVersion);
-  w.Int(uint8_t{use_zstd ? kFlagZstd : uint8_t{0}});
+  w.Int(static_cast<uint8_t>(use_zstd ? kFlagZstd : 0));
   w.Int(static_cast<uint16_t>(n_sink));
   w.Int(fit_digest_.lo);
   w.Int(fit_digest_.hi);
@@ -345,7 +345,7 @@ Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint
         StrFormat("transform payload: version %u, this build reads %u", p[4], kPayloadVersion));
   }
   const uint8_t flags = p[5];
-  const int32_t n_sink = p[6] | p[7] << 8;
+  const int32_t n_sink = LoadLittleEndian<uint16_t>(p + 6);
   const Digest128 fit{LoadLittleEndian<uint64_t>(p + 8), LoadLittleEndian<uint64_t>(p + 16)};
   const int32_t first_position = static_cast<int32_t>(LoadLittleEndian<uint32_t>(p + 24));
   const uint32_t body_bytes = LoadLittleEndian<uint32_t>(p + 28);

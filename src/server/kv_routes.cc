@@ -125,27 +125,22 @@ void Server::KvState(http::Response& res) {
   nlohmann::json shared = nlohmann::json::array();
   for (const auto& [id, refs] : state.shared) shared.push_back({id, refs});
   nlohmann::json running = nlohmann::json::array();
-  std::unordered_map<uint64_t, std::string> ids;
   {
+    // A request is named by the id its client was given; one of the server's own (a KV
+    // document's prefill) has none, and is named by its engine request number.
     std::lock_guard lock(response_ids_mu_);
     for (const kvserve::KvSequenceState& s : state.running) {
-      auto it = response_ids_.find(s.request);
-      if (it != response_ids_.end()) ids[s.request] = it->second;
+      auto id = response_ids_.find(s.request);
+      running.push_back(
+          {{"id", id != response_ids_.end()
+                      ? id->second
+                      : StrFormat("req-%llu", static_cast<unsigned long long>(s.request))},
+           {"choice", s.choice},
+           {"prompt_tokens", s.prompt_tokens},
+           {"output_tokens", s.output_tokens},
+           {"cached_tokens", s.cached_tokens},
+           {"blocks", s.blocks}});
     }
-  }
-  for (const kvserve::KvSequenceState& s : state.running) {
-    // The id the client was given; a request of the server's own (a KV document's prefill) has
-    // none, and is named by its engine request number.
-    auto id = ids.find(s.request);
-    running.push_back(
-        {{"id", id != ids.end()
-                    ? id->second
-                    : StrFormat("req-%llu", static_cast<unsigned long long>(s.request))},
-         {"choice", s.choice},
-         {"prompt_tokens", s.prompt_tokens},
-         {"output_tokens", s.output_tokens},
-         {"cached_tokens", s.cached_tokens},
-         {"blocks", s.blocks}});
   }
   const nlohmann::json body = {
       {"object", "kv.state"},
