@@ -14,6 +14,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_internal.h"
 #include "kernels/repack.h"
 #include "tensor/dtype.h"
 #include "tensor/kquants.h"
@@ -273,14 +274,12 @@ bool IsKQuant(DType t) {
   return std::find(std::begin(kKQuantTypes), std::end(kKQuantTypes), t) != std::end(kKQuantTypes);
 }
 
-// K-quants run against Q8_0 activations only where matmul_kquant.cc has its AVX-512 kernel;
-// other builds dequantize their rows and multiply f32 activations.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-constexpr bool kKQuantsQuantizeActivations = true;
-#else
-constexpr bool kKQuantsQuantizeActivations = false;
-#endif
+// K-quant rows run against Q8_0 activations only where matmul_kquant.cc has a kernel for their
+// type at the level in force (AVX-512: Q4_K, Q5_K, Q6_K; AVX2: Q5_K); otherwise MatMul
+// dequantizes the rows and multiplies f32 activations.
+bool KQuantsQuantizeActivations(DType t) {
+  return matmul_internal::KQuantKernelAvailable(t);
+}
 
 // K-quant rows are whole 256-value super-blocks; tests written for other widths take the next
 // multiple of 256 for them.
@@ -461,7 +460,7 @@ TEST(MatMul, LargeMatrices) {
 TEST(MatMul, BlockTypesAreExactOnQ8_0Activations) {
   ThreadPool pool(2);
   for (DType t : kBlockTypes) {
-    if (IsKQuant(t) && !kKQuantsQuantizeActivations) continue;
+    if (IsKQuant(t) && !KQuantsQuantizeActivations(t)) continue;
     for (Shape s : std::vector<Shape>{{13, ColsFor(t, 32)}, {21, ColsFor(t, 96)}, {40, 2048}}) {
       SCOPED_TRACE(std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.cols));

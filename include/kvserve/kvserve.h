@@ -315,4 +315,10 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// The instruction-set level kvserve's kernels run at in this process: "avx512", "avx2" or
+// "scalar" on x86-64, "neon" or "scalar" on ARM64 (the CPU's best, or KVSERVE_ISA's choice).
+std::string CpuIsa();
+// The same with the CPU's name and the features the level uses, for logs.
+std::string CpuIsaDescription();
+
 }  // namespace kvserve

@@ -13,6 +13,7 @@
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
+#include "kernels/cpu_isa.h"
 #include "kv/redis_block_store.h"
 #include "model/compressed_view.h"
 #include "tokenizer/tokenizer.h"
@@ -49,6 +50,14 @@ std::shared_ptr<Model> Model::Load(const std::string& path, const ModelOptions& 
 std::vector<int32_t> Model::Tokenize(std::string_view text, bool add_special) const {
   return impl_->tokenizer->Encode(text, add_special, /*parse_special=*/true);
 }
+std::string CpuIsa() {
+  return std::string(kvs::IsaName(kvs::ActiveIsa()));
+}
+
+std::string CpuIsaDescription() {
+  return kvs::IsaDescription();
+}
+
 std::string Model::Detokenize(const std::vector<int32_t>& tokens) const {
   return impl_->tokenizer->Decode(tokens);
 }

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "core/page_memory.h"
+#include "kernels/cpu_isa.h"
 #include "core/thread_pool.h"
 #include "engine/engine_builder.h"
 #include "kernels/compute_peak.h"
@@ -292,8 +293,9 @@ int RunCompute(int32_t requested_threads, bool json) {
     // The scalar twins compute the loops' results in closed form (they exist to check the
     // vector loops): timing them would report a peak that no kernel reaches.
     std::fprintf(stderr,
-                 "error: bench compute measures AVX-512 VNNI and FMA loops, and this build has "
-                 "none (built without -march=native on this CPU, or for a CPU without them)\n");
+                 "error: bench compute measures AVX-512 VNNI and FMA loops, and the level in force "
+                 "is %s (KVSERVE_ISA, or a CPU without them); no loop of this level is timed\n",
+                 std::string(IsaName(ActiveIsa())).c_str());
     return 2;
   }
   const int32_t threads = ThreadPool::ResolveThreadCount(requested_threads);

@@ -8,6 +8,7 @@
 #include "cli/engine_flags.h"
 #include "core/thread_pool.h"
 #include "engine/kv_format_factory.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/kv_types.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -115,7 +116,8 @@ int RunInspectJson(const InspectArgs& a) {
                       {"weights_digest_seconds", (*model)->weights_digest_seconds()},
                       {"n_ctx", a.n_ctx},
                       {"kv_format", KvFormatJson(**format)},
-                      {"kv_format_fingerprint", (*format)->fingerprint().Hex()}};
+                      {"kv_format_fingerprint", (*format)->fingerprint().Hex()},
+                      {"isa", std::string(IsaName(ActiveIsa()))}};
   // A path or model name need not be UTF-8: replaced, not refused.
   std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;

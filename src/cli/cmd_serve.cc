@@ -66,6 +66,7 @@ int RunServe(ServeArgs a) {
                static_cast<long long>(kv.kv_blocks_total) * kv.block_size);
   std::fprintf(stderr, "kvserve: KV format %s; weights digest %s\n", server.kv_format().c_str(),
                server.weights_digest().c_str());
+  std::fprintf(stderr, "kvserve: kernels: %s\n", kvserve::CpuIsaDescription().c_str());
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "kvserve: %s: stopping (running requests are cancelled)\n",

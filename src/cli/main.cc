@@ -8,13 +8,20 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "kernels/cpu_isa.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvserve: an LLM inference engine built around the KV cache"};
   app.require_subcommand(1);
   // Later flags override earlier ones (scripts pass defaults, users append their own).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.set_version_flag("--version", "kvserve 0.1.0");
+  // The version line names the instruction-set level the kernels run at (KVSERVE_ISA or the
+  // CPU's best); a KVSERVE_ISA this CPU cannot honour is an error before anything else.
+  if (kvs::Status isa = kvs::CheckIsaEnvironment(); !isa.ok()) {
+    std::fprintf(stderr, "error: %s\n", isa.message().c_str());
+    return 2;
+  }
+  app.set_version_flag("--version", "kvserve 0.1.0 (kernels: " + kvs::IsaDescription() + ")");
   std::vector<std::pair<CLI::App*, kvs::cli::Runner>> commands;
   auto add = [&](kvs::cli::Runner r) {
     commands.emplace_back(app.get_subcommands({}).back(), std::move(r));

@@ -1,5 +1,5 @@
-// The walks of attention_walk.h: AVX-512 query tiles over key blocks in every KV type, or a
-// portable key-by-key loop.
+// The walks of attention_walk.h, once per instruction-set level: AVX-512 query tiles over key
+// blocks in every KV type, or a portable key-by-key loop.
 #include "kernels/attention_walk.h"
 
 #include <algorithm>
@@ -12,55 +12,14 @@
 #include "core/check.h"
 #include "kernels/kv_quant.h"
 
-#if defined(__AVX512F__)
+#include "kernels/isa_begin.h"
+
+#if defined(KVS_ISA_AVX512)
 #define KVS_ATTENTION_AVX512 1
 #include "kernels/kv_codecs_avx512.h"
 #endif
 
-namespace kvs::attention_internal {
-
-int32_t MaxKeys(const int32_t* n_keys, int n) {
-  int32_t m = 0;
-  for (int i = 0; i < n; ++i) {
-    KVS_CHECK(n_keys[i] >= 1);
-    m = std::max(m, n_keys[i]);
-  }
-  return m;
-}
-
-// Per query, the coefficients of q·R(p)·m in the RoPE table's rows: for each rotated pair (a, b)
-// q_a m_a + q_b m_b on its cos row and q_b m_a - q_a m_b on its sin row. Dims past n_rot add the
-// same q·m to every score, which softmax ignores.
-void OffsetCoefficients(const KvHeadView& kv, const float* q, float* coef) {
-  const int32_t half = kv.n_rot / 2;
-  const float* m = kv.k_offset;
-  for (int32_t i = 0; i < half; ++i) {
-    const auto [a, b] = RopePairDims(i, kv.n_rot, kv.rope_neox);
-    coef[i] = q[a] * m[a] + q[b] * m[b];
-    coef[half + i] = q[b] * m[a] - q[a] * m[b];
-  }
-}
-
-// q·R(p)·m for key position pos, from the query's coefficients.
-double OffsetScore(const KvHeadView& kv, const float* coef, int32_t pos) {
-  const float* block = RopeTableBlock(kv.rope_table, kv.n_rot, pos / kKvBlockTokens);
-  double s = 0.0;
-  for (int32_t r = 0; r < kv.n_rot; ++r) {
-    s += static_cast<double>(coef[r]) * block[r * kKvBlockTokens + pos % kKvBlockTokens];
-  }
-  return s;
-}
-
-// Key j of a head stored whitened (key_whitening.h), as the model wrote it: unwhitened, then
-// turned by RoPE to position j.
-void LoadWhitenedKey(const KvHeadView& kv, int32_t hk, int32_t j, float* key) {
-  float stored[kMaxWhitenedHeadDim], cos_sin[kMaxWhitenedHeadDim];
-  const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
-  for (int32_t d = 0; d < hk; ++d) stored[d] = LoadKey(kv.k_type, kb, hk, d, j % kKvBlockTokens);
-  UnwhitenKey(*kv.k_whitening, hk, stored, key);
-  RopeFromTable(kv.rope_table, kv.n_rot, j, cos_sin);
-  ApplyRope(key, cos_sin, kv.n_rot, kv.rope_neox);
-}
+namespace kvs::attention_internal::KVS_ISA {
 
 #if KVS_ATTENTION_AVX512
 
@@ -609,4 +568,6 @@ WalkFn WalkFor(const KvHeadView&, int) {
 
 #endif
 
-}  // namespace kvs::attention_internal
+}  // namespace kvs::attention_internal::KVS_ISA
+
+#include "kernels/isa_end.h"

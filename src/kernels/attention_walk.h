@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kernels/attention.h"
+#include "kernels/isa_dispatch.h"
 
 namespace kvs::attention_internal {
 
@@ -49,5 +50,13 @@ using WalkFn = void (*)(const AttentionShape& shape, const WalkHead* heads, int 
                         const int32_t* n_keys, int n, int32_t b0, int32_t b1, const Partials& out);
 // The walk for the heads' key coding (the first head's; all heads share it) and for n queries.
 WalkFn WalkFor(const KvHeadView& kv, int n);
+
+// WalkFor of each instruction-set level (attention_walk.cc, compiled once per level).
+#define KVS_DECLARE_WALK_LEVEL(ns) \
+  namespace ns {                   \
+  WalkFn WalkFor(const KvHeadView& kv, int n); \
+  }
+KVS_FOR_EACH_ISA_NAMESPACE(KVS_DECLARE_WALK_LEVEL)
+#undef KVS_DECLARE_WALK_LEVEL
 
 }  // namespace kvs::attention_internal

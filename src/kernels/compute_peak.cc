@@ -2,9 +2,9 @@
 
 #include <cmath>
 
-#include "kernels/simd.h"
+#include "kernels/cpu_isa.h"
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if defined(__x86_64__)
 #define KVS_PEAK_AVX512 1
 #else
 #define KVS_PEAK_AVX512 0
@@ -34,7 +34,7 @@ float Addend(uint32_t seed, int k, int lane) {
 }  // namespace
 
 bool ComputePeakHasAvx512() {
-  return KVS_PEAK_AVX512;
+  return KVS_PEAK_AVX512 && ActiveIsa() == Isa::kAvx512;
 }
 
 uint32_t Int8MacLoopScalar(int64_t iterations, uint32_t seed) {
@@ -69,7 +69,19 @@ double F32MacLoopScalar(int64_t iterations, uint32_t seed) {
 
 #if KVS_PEAK_AVX512
 
-uint32_t Int8MacLoop(int64_t iterations, uint32_t seed) {
+// The AVX-512 loops are compiled for that level alone (the file is not one of the per-level
+// sources): Int8MacLoop and F32MacLoop call them only when it is the level in force.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+namespace {
+
+uint32_t Int8MacLoopAvx512(int64_t iterations, uint32_t seed) {
   alignas(64) uint8_t a_bytes[64];
   alignas(64) int8_t b_bytes[4][64];
   for (int byte = 0; byte < 64; ++byte) {
@@ -117,7 +129,7 @@ uint32_t Int8MacLoop(int64_t iterations, uint32_t seed) {
   return total;
 }
 
-double F32MacLoop(int64_t iterations, uint32_t seed) {
+double F32MacLoopAvx512(int64_t iterations, uint32_t seed) {
   const __m512 x = _mm512_set1_ps(Scale(seed));
   __m512 y[4];
   for (int k = 0; k < 4; ++k) {
@@ -157,6 +169,21 @@ double F32MacLoop(int64_t iterations, uint32_t seed) {
     for (float l : lanes) total += l;
   }
   return total;
+}
+
+}  // namespace
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic pop
+#endif
+#pragma GCC pop_options
+
+uint32_t Int8MacLoop(int64_t iterations, uint32_t seed) {
+  return ActiveIsa() == Isa::kAvx512 ? Int8MacLoopAvx512(iterations, seed)
+                                     : Int8MacLoopScalar(iterations, seed);
+}
+double F32MacLoop(int64_t iterations, uint32_t seed) {
+  return ActiveIsa() == Isa::kAvx512 ? F32MacLoopAvx512(iterations, seed)
+                                     : F32MacLoopScalar(iterations, seed);
 }
 
 #else

@@ -13,6 +13,7 @@
 #include "kernels/simd.h"
 
 namespace kvs::kv_simd {
+inline namespace KVS_ISA {
 
 inline __mmask16 FirstLanes(int32_t n) {
   return n >= 16  ? static_cast<__mmask16>(0xffff)
@@ -140,4 +141,5 @@ struct Bit3Codec {
   }
 };
 
+}  // namespace KVS_ISA
 }  // namespace kvs::kv_simd

@@ -8,12 +8,14 @@
 #include "kernels/matmul_internal.h"
 #include "tensor/dtype.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define KVS_MATMUL_AVX512 1
+#include "kernels/isa_begin.h"
 #include "kernels/simd.h"
+
+#if defined(KVS_ISA_AVX512)
+#define KVS_MATMUL_AVX512 1
 #endif
 
-namespace kvs::matmul_internal {
+namespace kvs::matmul_internal::KVS_ISA {
 namespace {
 
 #if KVS_MATMUL_AVX512
@@ -187,4 +189,6 @@ void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x
   }
 }
 
-}  // namespace kvs::matmul_internal
+}  // namespace kvs::matmul_internal::KVS_ISA
+
+#include "kernels/isa_end.h"

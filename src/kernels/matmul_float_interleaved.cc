@@ -9,12 +9,14 @@
 #include "kernels/repack.h"
 #include "tensor/dtype.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define KVS_MATMUL_AVX512 1
+#include "kernels/isa_begin.h"
 #include "kernels/simd.h"
+
+#if defined(KVS_ISA_AVX512)
+#define KVS_MATMUL_AVX512 1
 #endif
 
-namespace kvs::matmul_internal {
+namespace kvs::matmul_internal::KVS_ISA {
 
 #if KVS_MATMUL_AVX512
 
@@ -153,13 +155,19 @@ void MatMulRowsInterleavedFloat(const MatrixView& w, int64_t r0, int64_t r1, con
   }
 }
 
+#elif defined(KVS_ISA_AVX2)
+
+#include "kernels/matmul_float_interleaved_avx2.inc"
+
 #else
 
 void MatMulRowsInterleavedFloat(const MatrixView&, int64_t, int64_t, const float*, int64_t, int64_t,
                                 float*, int64_t) {
-  KVS_CHECK(false && "interleaved matrices need the AVX-512 kernels");
+  KVS_CHECK(false && "interleaved matrices need the AVX-512 or AVX2 kernels");
 }
 
 #endif
 
-}  // namespace kvs::matmul_internal
+}  // namespace kvs::matmul_internal::KVS_ISA
+
+#include "kernels/isa_end.h"

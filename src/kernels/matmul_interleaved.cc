@@ -11,34 +11,33 @@
 #include "kernels/repack.h"
 #include "tensor/dtype.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-#define KVS_MATMUL_AVX512 1
+#include "kernels/isa_begin.h"
 #include "kernels/simd.h"
+
+#if defined(KVS_ISA_AVX512)
+#define KVS_MATMUL_AVX512 1
 #endif
 
-namespace kvs::matmul_internal {
-
-int32_t InterleavedCodeOffset(DType t) {
-  return t == DType::kQ4_0 ? kCodeOffsetQ4_0 : kCodeOffsetQ8_0;
-}
-
-#if KVS_MATMUL_AVX512
+namespace kvs::matmul_internal::KVS_ISA {
 
 bool InterleavedKernelAvailable(DType t) {
   switch (t) {
-    case DType::kQ4_0:
-    case DType::kQ8_0:
+#if KVS_MATMUL_AVX512 || defined(KVS_ISA_AVX2)
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
+    case DType::kQ4_0:
+    case DType::kQ8_0:
       return true;
+#endif
     default:
       return false;
   }
 }
+
+#if KVS_MATMUL_AVX512 || defined(KVS_ISA_AVX2)
 
 namespace {
 
@@ -47,6 +46,8 @@ constexpr size_t kScaleBytes = 2 * kInterleaveRows;
 // Decode prefetches each group's stream this far ahead; the hardware prefetcher alone left
 // decode short of the bandwidth (see matmul_quant.cc).
 constexpr size_t kPrefetchBytes = 2048;
+
+#if KVS_MATMUL_AVX512
 
 // A group-block's codes as four pairs of dpbusd operands: pair k covers the activations at
 // Offset0(k) and Offset1(k).
@@ -140,6 +141,12 @@ void Tile(const MatrixView& w, int64_t g0, const FlatActs& a, int64_t t0, float*
       _mm512_storeu_ps(out + (t0 + t) * out_stride + (g0 + g) * kInterleaveRows, acc[g][t]);
 }
 
+#else  // AVX2
+
+#include "kernels/matmul_interleaved_avx2.inc"
+
+#endif
+
 using TileFn = void (*)(const MatrixView&, int64_t, const FlatActs&, int64_t, float*, int64_t);
 
 // Prefill tiles: 2 groups (32 rows) x 4 tokens keeps 8 integer and 8 f32 accumulators, and
@@ -227,17 +234,15 @@ void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const Fl
   }
 }
 
-#else  // no interleaved kernels in this build: matrices keep the file's layout
-
-bool InterleavedKernelAvailable(DType) {
-  return false;
-}
+#else  // no interleaved kernels at this level: matrices keep the file's layout
 
 void MatMulRowsInterleaved(const MatrixView&, int64_t, int64_t, const FlatActs&, int64_t, int64_t,
                            float*, int64_t) {
-  KVS_CHECK(false && "interleaved matrices need the AVX-512 kernels");
+  KVS_CHECK(false && "interleaved matrices need the AVX-512 or AVX2 kernels");
 }
 
 #endif
 
-}  // namespace kvs::matmul_internal
+}  // namespace kvs::matmul_internal::KVS_ISA
+
+#include "kernels/isa_end.h"

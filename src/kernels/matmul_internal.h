@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/isa_dispatch.h"
 #include "kernels/matmul.h"
 
 namespace kvs::matmul_internal {
@@ -82,7 +83,9 @@ void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, 
 // Whether this build has an interleaved kernel for weight type t (Q4_0, Q8_0, Q4_K, Q6_K, F32,
 // F16, BF16 with AVX-512).
 bool InterleavedKernelAvailable(DType t);
-int32_t InterleavedCodeOffset(DType t);
+inline int32_t InterleavedCodeOffset(DType t) {
+  return t == DType::kQ4_0 ? kCodeOffsetQ4_0 : kCodeOffsetQ8_0;
+}
 // Like the tile kernels above for a kInterleaved16 matrix; r0 and r1 are multiples of 16.
 void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,
                            int64_t t0, int64_t t1, float* out, int64_t out_stride);
@@ -143,6 +146,38 @@ void QuantizeActivationsK(const float* x, int64_t cols, KActOrder order, KActBlo
 // Like the tile kernels above; w.type must be one KQuantKernelAvailable accepts.
 void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuantizedActs& a,
                       int64_t t0, int64_t t1, float* out, int64_t out_stride);
+
+// The functions above that are compiled once per instruction-set level (kernels/isa_begin.h):
+// each level's namespace holds its own, and the unqualified ones (matmul_dispatch.cc) call the
+// level in force. Tests may call a level's directly where the CPU has it.
+#define KVS_DECLARE_MATMUL_LEVEL(ns)                                                              \
+  namespace ns {                                                                                \
+  void QuantizeActivations(const float* x, int64_t cols, int32_t code_offset, ActPair* dst);     \
+  void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, ActBlock* dst); \
+  void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,       \
+                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                   \
+  void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,       \
+                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                   \
+  void MatMulRowsQ5_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,       \
+                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                   \
+  void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,  \
+                       int64_t t1, float* out, int64_t out_stride);                              \
+  bool InterleavedKernelAvailable(DType t);                                                      \
+  void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,     \
+                             int64_t t0, int64_t t1, float* out, int64_t out_stride);            \
+  void MatMulRowsInterleavedFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x,   \
+                                  int64_t t0, int64_t t1, float* out, int64_t out_stride);       \
+  void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst);                       \
+  void MatMulRowsInterleavedKQuant(const MatrixView& w, int64_t r0, int64_t r1,                  \
+                                   const KActs256& a, int64_t t0, int64_t t1, float* out,        \
+                                   int64_t out_stride);                                          \
+  bool KQuantKernelAvailable(DType t);                                                           \
+  void QuantizeActivationsK(const float* x, int64_t cols, KActOrder order, KActBlock* dst);      \
+  void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuantizedActs& a,    \
+                        int64_t t0, int64_t t1, float* out, int64_t out_stride);                 \
+  }
+KVS_FOR_EACH_ISA_NAMESPACE(KVS_DECLARE_MATMUL_LEVEL)
+#undef KVS_DECLARE_MATMUL_LEVEL
 
 // Tile kernels are templates over their row and token counts (up to 4 x 4). At the edges
 // of a matrix a call site needs the instantiation for the shape that is left:

@@ -10,25 +10,18 @@
 #include "tensor/dtype.h"
 #include "tensor/kquants.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-#define KVS_MATMUL_KQUANT_AVX512 1
+#include "kernels/isa_begin.h"
 #include "kernels/simd.h"
+
+#if defined(KVS_ISA_AVX512)
+#define KVS_MATMUL_KQUANT_AVX512 1
 #endif
 
-namespace kvs::matmul_internal {
+namespace kvs::matmul_internal::KVS_ISA {
 
-#if KVS_MATMUL_KQUANT_AVX512
+#if KVS_MATMUL_KQUANT_AVX512 || defined(KVS_ISA_AVX2)
 
 namespace {
-
-// Register tiles and prefetch distances as in matmul_quant.cc, where they were measured; here
-// 4 x 6, 4 x 8 and 2 x 8 prefill tiles measured no better than 4 x 4.
-constexpr int kTileRows = 4;
-constexpr int kTileTokens = 4;
-constexpr int kDecodeTileRows = 8;
-constexpr size_t kMaxTilePrefetch = 32768;
-constexpr size_t kRowPrefetch = 1024;
 
 // Which two 32-value sub-blocks vector k of a super-block holds (lanes 0-7 and 8-15). Paired
 // order is how one 64-byte load of Q4_K/Q5_K nibbles splits: the low nibbles of qs[64h..64h+63]
@@ -41,7 +34,7 @@ constexpr int kSecondSub[2][4] = {{1, 3, 5, 7}, {2, 3, 6, 7}};
 // code offset of 32 gives the lane biases Q6_K needs.
 void QuantizeSuperBlock(const float* x, KActOrder order, KActBlock* dst) {
   ActPair pairs[4];
-  QuantizeActivations(x, kSuperBlock, 32, pairs);
+  KVS_ISA::QuantizeActivations(x, kSuperBlock, 32, pairs);
   const int o = static_cast<int>(order);
   for (int k = 0; k < 4; ++k) {
     for (int half = 0; half < 2; ++half) {
@@ -58,6 +51,22 @@ void QuantizeSuperBlock(const float* x, KActOrder order, KActBlock* dst) {
   }
   std::fill_n(dst->xsum, 8, 0.0f);
 }
+
+}  // namespace
+
+#endif
+
+#if KVS_MATMUL_KQUANT_AVX512
+
+namespace {
+
+// Register tiles and prefetch distances as in matmul_quant.cc, where they were measured; here
+// 4 x 6, 4 x 8 and 2 x 8 prefill tiles measured no better than 4 x 4.
+constexpr int kTileRows = 4;
+constexpr int kTileTokens = 4;
+constexpr int kDecodeTileRows = 8;
+constexpr size_t kMaxTilePrefetch = 32768;
+constexpr size_t kRowPrefetch = 1024;
 
 inline float Half(uint16_t h) {
   return _cvtsh_ss(h);
@@ -280,7 +289,11 @@ void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuanti
   }
 }
 
-#else  // Without AVX-512 MatMul keeps dequantizing these formats row by row.
+#elif defined(KVS_ISA_AVX2)
+
+#include "kernels/matmul_kquant_avx2.inc"
+
+#else  // Without AVX-512 or AVX2 MatMul keeps dequantizing these formats row by row.
 
 bool KQuantKernelAvailable(DType) {
   return false;
@@ -297,4 +310,6 @@ void MatMulRowsKQuant(const MatrixView&, int64_t, int64_t, const KQuantizedActs&
 
 #endif
 
-}  // namespace kvs::matmul_internal
+}  // namespace kvs::matmul_internal::KVS_ISA
+
+#include "kernels/isa_end.h"

@@ -12,13 +12,14 @@
 #include "kernels/repack.h"
 #include "tensor/kquants.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-#define KVS_MATMUL_AVX512 1
+#include "kernels/isa_begin.h"
 #include "kernels/simd.h"
+
+#if defined(KVS_ISA_AVX512)
+#define KVS_MATMUL_AVX512 1
 #endif
 
-namespace kvs::matmul_internal {
+namespace kvs::matmul_internal::KVS_ISA {
 
 namespace {
 
@@ -314,6 +315,10 @@ void MatMulRowsInterleavedKQuant(const MatrixView& w, int64_t r0, int64_t r1, co
   Rows<false>(w, r0, r1, a, t0, t1, out, out_stride);
 }
 
+#elif defined(KVS_ISA_AVX2)
+
+#include "kernels/matmul_kquant_interleaved_avx2.inc"
+
 #else
 
 void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
@@ -322,9 +327,11 @@ void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
 
 void MatMulRowsInterleavedKQuant(const MatrixView&, int64_t, int64_t, const KActs256&, int64_t,
                                  int64_t, float*, int64_t) {
-  KVS_CHECK(false && "interleaved matrices need the AVX-512 kernels");
+  KVS_CHECK(false && "interleaved matrices need the AVX-512 or AVX2 kernels");
 }
 
 #endif
 
-}  // namespace kvs::matmul_internal
+}  // namespace kvs::matmul_internal::KVS_ISA
+
+#include "kernels/isa_end.h"

@@ -11,13 +11,14 @@
 #include "tensor/kquants.h"
 #include "tensor/quantize.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-#define KVS_MATMUL_AVX512 1
+#include "kernels/isa_begin.h"
 #include "kernels/simd.h"
+
+#if defined(KVS_ISA_AVX512)
+#define KVS_MATMUL_AVX512 1
 #endif
 
-namespace kvs::matmul_internal {
+namespace kvs::matmul_internal::KVS_ISA {
 namespace {
 
 #if KVS_MATMUL_AVX512
@@ -352,4 +353,6 @@ void MatMulRowsQ5_0(const MatrixView& w, int64_t r0, int64_t r1, const Quantized
   Rows<Q5_0Format>(w, r0, r1, a, t0, t1, out, out_stride);
 }
 
-}  // namespace kvs::matmul_internal
+}  // namespace kvs::matmul_internal::KVS_ISA
+
+#include "kernels/isa_end.h"

@@ -215,6 +215,12 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
   gauge("http_connections_evicted_total", "counter",
         "HTTP connections closed to make room under --max-connections.",
         static_cast<double>(connections.evicted));
+  // An info metric (value 1, the level in its label), as build_info metrics are.
+  std::snprintf(line, sizeof line,
+                "# HELP kvserve:cpu_isa_info The instruction-set level the kernels run at.\n"
+                "# TYPE kvserve:cpu_isa_info gauge\nkvserve:cpu_isa_info{isa=\"%s\"} 1\n",
+                kvserve::CpuIsa().c_str());
+  out += line;
   ttft_.Render("kvserve:time_to_first_token_seconds", "Time to first token.", &out);
   tpot_.Render("kvserve:time_per_output_token_seconds", "Time between output tokens.", &out);
   e2e_.Render("kvserve:e2e_request_latency_seconds", "End-to-end request latency.", &out);

@@ -1,0 +1,186 @@
+#include "kernels/cpu_isa.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+namespace kvs {
+namespace {
+
+struct Feature {
+  const char* name;
+  bool present;
+};
+
+// The features a level needs, each with whether this CPU has it.
+std::vector<Feature> RequiredFeatures(Isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::kAvx512:
+      return {{"avx512f", __builtin_cpu_supports("avx512f") != 0},
+              {"avx512bw", __builtin_cpu_supports("avx512bw") != 0},
+              {"avx512vl", __builtin_cpu_supports("avx512vl") != 0},
+              {"avx512vnni", __builtin_cpu_supports("avx512vnni") != 0},
+              {"avx2", __builtin_cpu_supports("avx2") != 0},
+              {"fma", __builtin_cpu_supports("fma") != 0},
+              {"f16c", __builtin_cpu_supports("f16c") != 0},
+              {"bmi2", __builtin_cpu_supports("bmi2") != 0}};
+    case Isa::kAvx2:
+      return {{"avx2", __builtin_cpu_supports("avx2") != 0},
+              {"fma", __builtin_cpu_supports("fma") != 0},
+              {"f16c", __builtin_cpu_supports("f16c") != 0},
+              {"bmi2", __builtin_cpu_supports("bmi2") != 0}};
+    default:
+      return {};
+  }
+#else
+  return {};
+#endif
+}
+
+bool Supported(Isa isa) {
+  if (!IsaCompiledIn(isa)) return false;
+  for (const Feature& f : RequiredFeatures(isa))
+    if (!f.present) return false;
+  return true;
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0 || line.rfind("Model", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        size_t b = line.find_first_not_of(" \t", colon + 1);
+        if (b != std::string::npos) return line.substr(b);
+      }
+    }
+  }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+std::string_view IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kNeon:
+      return "neon";
+    case Isa::kScalar:
+      break;
+  }
+  return "scalar";
+}
+
+bool IsaCompiledIn(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+    case Isa::kAvx512:
+#if defined(__x86_64__)
+      return true;
+#else
+      return false;
+#endif
+    case Isa::kNeon:
+#if defined(__aarch64__)
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+Isa DetectIsa() {
+  // ARMv8-A makes Advanced SIMD mandatory; AT_HWCAP's ASIMD bit says the kernel agrees.
+#if defined(__aarch64__)
+  return Isa::kNeon;
+#else
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
+    if (Supported(isa)) return isa;
+  return Isa::kScalar;
+#endif
+}
+
+Expected<Isa> ResolveIsa(std::string_view requested) {
+  if (requested.empty()) return DetectIsa();
+  Isa isa;
+  if (requested == "avx512") {
+    isa = Isa::kAvx512;
+  } else if (requested == "avx2") {
+    isa = Isa::kAvx2;
+  } else if (requested == "scalar") {
+    isa = Isa::kScalar;
+  } else if (requested == "neon") {
+    isa = Isa::kNeon;
+  } else {
+    return Status::Error(StrFormat("KVSERVE_ISA=%.*s: unknown level (avx512, avx2, neon or scalar)",
+                                   static_cast<int>(requested.size()), requested.data()));
+  }
+  if (!IsaCompiledIn(isa)) {
+    return Status::Error(StrFormat("KVSERVE_ISA=%.*s: this build has no %.*s kernels (built for %s)",
+                                   static_cast<int>(requested.size()), requested.data(),
+                                   static_cast<int>(requested.size()), requested.data(),
+#if defined(__aarch64__)
+                                   "aarch64"
+#else
+                                   "x86-64"
+#endif
+                                   ));
+  }
+  std::string missing;
+  for (const Feature& f : RequiredFeatures(isa)) {
+    if (!f.present) missing += std::string(missing.empty() ? "" : ", ") + f.name;
+  }
+  if (!missing.empty()) {
+    return Status::Error(StrFormat("KVSERVE_ISA=%.*s: this CPU lacks %s (its best level is %s)",
+                                   static_cast<int>(requested.size()), requested.data(),
+                                   missing.c_str(), std::string(IsaName(DetectIsa())).c_str()));
+  }
+  return isa;
+}
+
+Status CheckIsaEnvironment() {
+  const char* env = std::getenv("KVSERVE_ISA");
+  Expected<Isa> isa = ResolveIsa(env != nullptr ? env : "");
+  return isa.ok() ? Status::Ok() : isa.status();
+}
+
+Isa ActiveIsa() {
+  static const Isa active = [] {
+    const char* env = std::getenv("KVSERVE_ISA");
+    Expected<Isa> isa = ResolveIsa(env != nullptr ? env : "");
+    if (!isa.ok()) {
+      std::fprintf(stderr, "error: %s\n", isa.error().c_str());
+      std::exit(2);
+    }
+    return *isa;
+  }();
+  return active;
+}
+
+std::string IsaDescription() {
+  const Isa isa = ActiveIsa();
+  std::string features;
+  for (const Feature& f : RequiredFeatures(isa)) features += std::string(" ") + f.name;
+  std::string s = std::string(IsaName(isa)) + " (" + CpuModelName();
+  if (!features.empty()) s += ":" + features;
+  if (isa != DetectIsa()) s += "; forced by KVSERVE_ISA, the CPU's best is " +
+                               std::string(IsaName(DetectIsa()));
+  return s + ")";
+}
+
+}  // namespace kvs
