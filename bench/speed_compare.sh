@@ -9,15 +9,27 @@
 # the mode that won, and a second table gives both. kvserve reads the weights into transparent
 # huge pages, so the roofline is the read bandwidth of huge-page memory
 # (`kvserve bench bandwidth --pages huge`); the 4 KiB-page figure is printed for reference.
-#   usage: bench/speed_compare.sh [-r REPS] [-t THREADS] MODEL.gguf...
+# kvserve runs at the instruction-set level KVSERVE_ISA names (default: the CPU's best); -b
+# bin-avx2 takes the peer built without AVX-512 (build-llama-cpp.sh --isa avx2) to compare with
+# KVSERVE_ISA=avx2.
+#   usage: bench/speed_compare.sh [-r REPS] [-t THREADS] [-p PROMPT] [-n GEN] [-b PEER_BIN_DIR]
+#          MODEL.gguf...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=3
 THREADS=2
-while getopts "r:t:" o; do case $o in r) REPS=$OPTARG ;; t) THREADS=$OPTARG ;; *) exit 2 ;; esac; done
+PP=512
+TG=128
+BIN=bin
+while getopts "r:t:p:n:b:" o; do
+  case $o in r) REPS=$OPTARG ;; t) THREADS=$OPTARG ;; p) PP=$OPTARG ;; n) TG=$OPTARG ;; b) BIN=$OPTARG ;;
+    *) exit 2 ;; esac
+done
 shift $((OPTIND - 1))
-[[ $# -ge 1 ]] || { echo "usage: $0 [-r REPS] [-t THREADS] MODEL.gguf..." >&2; exit 2; }
-PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
+[[ $# -ge 1 ]] || { echo "usage: $0 [-r REPS] [-t THREADS] [-p PROMPT] [-n GEN] [-b PEER_BIN_DIR] MODEL.gguf..." >&2; exit 2; }
+PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/$BIN
+[ -x "$PEER/llama-bench" ] || { echo "no $PEER/llama-bench (../shared/peer/build-llama-cpp.sh)" >&2; exit 1; }
+ISA=$(build/kvserve --version | sed -n 's/.*kernels: \([a-z0-9]*\).*/\1/p')
 TMP=$(mktemp -d)
 # KEEP_DATA=DIR (bench/report.sh): the raw JSON results are copied there before the temp dir goes.
 trap '[ -n "${KEEP_DATA:-}" ] && mkdir -p "$KEEP_DATA" && cp "$TMP"/*.json* "$KEEP_DATA"/; rm -rf "$TMP"' EXIT
@@ -25,14 +37,14 @@ for pages in huge small; do
   build/kvserve bench bandwidth -t "$THREADS" --pages $pages --json >"$TMP/bw_$pages.json"
 done
 for m in "$@"; do
-  build/kvserve bench speed -m "$m" -p 512 -n 128 -t "$THREADS" -r "$REPS" --json 2>/dev/null >>"$TMP/ours.jsonl"
+  build/kvserve bench speed -m "$m" -p "$PP" -n "$TG" -t "$THREADS" -r "$REPS" --json 2>/dev/null >>"$TMP/ours.jsonl"
   # One llama-bench run, both load modes (it reloads the model for each).
-  "$PEER/llama-bench" -m "$m" -t "$THREADS" -p 512 -n 128 -r "$REPS" -fa on -lm mmap,none -o json 2>/dev/null |
+  "$PEER/llama-bench" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" -fa on -lm mmap,none -o json 2>/dev/null |
     python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >>"$TMP/peer.jsonl"
 done
-python3 - "$TMP" "$@" <<'PY'
+python3 - "$TMP" "$PP" "$TG" "$ISA" "$BIN" "$@" <<'PY'
 import json, os, sys
-tmp, models = sys.argv[1], sys.argv[2:]
+tmp, pp_n, tg_n, isa, peer_bin, models = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
 bw = {p: json.load(open(os.path.join(tmp, "bw_%s.json" % p))) for p in ("huge", "small")}
 ours = [json.loads(l) for l in open(os.path.join(tmp, "ours.jsonl"))]
 peers = [json.loads(l) for l in open(os.path.join(tmp, "peer.jsonl"))]
@@ -44,10 +56,11 @@ print("read bandwidth with %d threads (kvserve bench bandwidth, THP policy %s): 
 if bw["huge"].get("huge_page_pct") is not None and bw["huge"]["huge_page_pct"] < 90:
     print("warning: the kernel gave few huge pages; the 'huge' figure is not a huge-page one")
 print()
-print("llama.cpp: llama-bench -fa on, the better of -lm mmap and -lm none per test (the mode that won in brackets)")
+print("kvserve kernels at the %s level; llama.cpp: %s/llama-bench -fa on, the better of -lm mmap and -lm none "
+      "per test (the mode that won in brackets)" % (isa, peer_bin))
 print()
-print("| model | kvserve pp512 | llama.cpp pp512 | ratio | kvserve tg128 | llama.cpp tg128 | ratio | GB/token "
-      "| kvserve roofline | llama.cpp roofline |")
+print("| model | kvserve pp%s | llama.cpp pp%s | ratio | kvserve tg%s | llama.cpp tg%s | ratio | GB/token "
+      "| kvserve roofline | llama.cpp roofline |" % (pp_n, pp_n, tg_n, tg_n))
 print("|---|---|---|---|---|---|---|---|---|---|")
 f = lambda m, s: "%.1f ± %.1f" % (m, s)
 modes = []
@@ -66,7 +79,7 @@ for path, o, peer in zip(models, ours, peers):
 print()
 print("llama.cpp by load mode (llama-bench -fa on)")
 print()
-print("| model | pp512 -lm mmap | pp512 -lm none | tg128 -lm mmap | tg128 -lm none |")
+print("| model | pp%s -lm mmap | pp%s -lm none | tg%s -lm mmap | tg%s -lm none |" % (pp_n, pp_n, tg_n, tg_n))
 print("|---|---|---|---|---|")
 for name, by in modes:
     cell = lambda t, lm: f(by[(t, lm)]["avg_ts"], by[(t, lm)]["stddev_ts"]) if (t, lm) in by else "n/a"

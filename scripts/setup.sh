@@ -11,6 +11,8 @@ PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates pyth
 # package's own service (started by apt where an init system runs) is not used.
 # The deployment test parses deploy/compose.yaml and deploy/k8s/kvserve.yaml.
 PKGS+=(python3-yaml)
+# The one-binary test runs the default build under qemu-user -cpu max (AVX2, no AVX-512).
+PKGS+=(qemu-user)
 # The dashboard's browser test drives Debian's chromium with playwright-core (npm).
 PKGS+=(chromium)
 # Node.js and npm run the openai npm package against the server in the tests; a machine that

@@ -37,7 +37,7 @@ fi
 hd64=$models/stories-hd64-3M.gguf
 if [ -f "$hd64" ]; then
   for mix in q4_k_m q5_k_m q4_0; do
-    "$requantize" "$hd64" "$tmp/$mix.gguf" "$mix" 2>/dev/null
+    "$requantize" "$hd64" "$tmp/$mix.gguf" "$mix" || { echo "requantize $mix failed"; exit 1; }
     ppl() {
       KVSERVE_ISA=$1 "${@:2}" "$kvserve" perplexity -m "$tmp/$mix.gguf" -f "$text" -c 128 \
         --chunks 4 -ctk q8_0 -ctv q8_0 --json 2>/dev/null |
@@ -45,9 +45,9 @@ if [ -f "$hd64" ]; then
     }
     here=$(ppl "$level" "${runner[@]}")
     scalar=$(ppl scalar)
-    if awk -v a="$here" -v b="$scalar" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d;
-        printf "%s: perplexity %s at this level, %s at scalar (%.4f%%)\n", ENVIRON["mix"], a, b, 100 * d;
-        exit !(a > 0 && d <= 0.001) }' mix="$mix"; then :; else
+    if awk -v m="$mix" -v a="$here" -v b="$scalar" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d;
+        printf "%s: perplexity %s at this level, %s at scalar (%.4f%%)\n", m, a, b, 100 * d;
+        exit !(a > 0 && d <= 0.001) }'; then :; else
       echo "perplexity of $mix at $level is not within 0.1% of scalar's"; fail=1
     fi
   done

@@ -8,11 +8,13 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/kv_quant.h"
 
 #include "kernels/isa_begin.h"
+#include "kernels/simd.h"
 
 #if defined(KVS_ISA_AVX512)
 #define KVS_ATTENTION_AVX512 1
@@ -529,8 +531,9 @@ float PortableScore(const KvHeadView& kv, int32_t hk, const float* q, const floa
   return s;
 }
 
-// Each query of each head on its own, key by key, over keys [16 * b0, 16 * b1).
-void AttendEach(const AttentionShape& shape, const WalkHead* heads, int n_heads,
+// Each query of each head on its own, key by key, over keys [16 * b0, 16 * b1): the scalar
+// twin (the AVX2 level walks blocks instead, attention_walk_avx2.inc).
+[[maybe_unused]] void AttendEach(const AttentionShape& shape, const WalkHead* heads, int n_heads,
                 const int32_t* n_keys, int n, int32_t b0, int32_t b1, const Partials& out) {
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   const int32_t hv_pad = (hv + 15) / 16 * 16;
@@ -562,9 +565,23 @@ void AttendEach(const AttentionShape& shape, const WalkHead* heads, int n_heads,
 
 }  // namespace
 
+#if defined(KVS_ISA_AVX2)
+
+namespace {
+#include "kernels/attention_walk_avx2.inc"
+}  // namespace
+
+WalkFn WalkFor(const KvHeadView&, int) {
+  return &AttendBlocks;
+}
+
+#else
+
 WalkFn WalkFor(const KvHeadView&, int) {
   return &AttendEach;
 }
+
+#endif
 
 #endif
 

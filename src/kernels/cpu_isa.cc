@@ -7,6 +7,7 @@
 #include <vector>
 
 #if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
 #include <sys/auxv.h>
 #endif
 
@@ -40,6 +41,12 @@ std::vector<Feature> RequiredFeatures(Isa isa) {
     default:
       return {};
   }
+#elif defined(__aarch64__) && defined(__linux__)
+  // Advanced SIMD is part of ARMv8-A; AT_HWCAP's ASIMD bit says the kernel exposes it.
+  // dotprod and i8mm are reported for the log (no kernel needs them yet).
+  const unsigned long hwcap = getauxval(AT_HWCAP);
+  if (isa == Isa::kNeon) return {{"asimd", (hwcap & HWCAP_ASIMD) != 0}};
+  return {};
 #else
   return {};
 #endif
@@ -105,9 +112,8 @@ bool IsaCompiledIn(Isa isa) {
 }
 
 Isa DetectIsa() {
-  // ARMv8-A makes Advanced SIMD mandatory; AT_HWCAP's ASIMD bit says the kernel agrees.
 #if defined(__aarch64__)
-  return Isa::kNeon;
+  return Supported(Isa::kNeon) ? Isa::kNeon : Isa::kScalar;
 #else
   for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
     if (Supported(isa)) return isa;
