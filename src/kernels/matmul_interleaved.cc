@@ -151,7 +151,11 @@ using TileFn = void (*)(const MatrixView&, int64_t, const FlatActs&, int64_t, fl
 
 // Prefill tiles: 2 groups (32 rows) x 4 tokens keeps 8 integer and 8 f32 accumulators, and
 // each unpacked code vector serves 4 tokens.
+#if KVS_MATMUL_AVX512
 constexpr int kPrefillGroups = 2;
+#else  // AVX2: one group at a time keeps a tile's int16 sums and codes within 16 registers
+constexpr int kPrefillGroups = 1;
+#endif
 constexpr int kPrefillTokens = 4;
 // Up to this many tokens (8 token tiles) a call runs group-major (Rows). A batched decode step
 // of 16 sequences ran 5-27% faster so (BM_MatMulStream at 16 tokens: +25%); at 64 tokens the
@@ -225,7 +229,7 @@ void Rows(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a, int64_
 void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,
                            int64_t t0, int64_t t1, float* out, int64_t out_stride) {
   KVS_CHECK(r0 % kInterleaveRows == 0 && r1 % kInterleaveRows == 0);
-  static_assert(kPrefillGroups == 2);
+
   if (w.type == DType::kQ4_0) {
     Rows<Q4_0Groups>(w, r0, r1, a, t0, t1, out, out_stride);
   } else {
