@@ -18,6 +18,15 @@ PKGS+=(chromium)
 # Node.js and npm run the openai npm package against the server in the tests; a machine that
 # already has node (e.g. from NodeSource, which bundles npm) keeps it.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
+# --arm64: also what scripts/test-arm64.sh needs to cross-build for ARM64 and run it under
+# qemu-aarch64 (the cross compiler, the libraries as arm64 -dev packages).
+ARM64=0
+[ "${1:-}" = --arm64 ] && ARM64=1
+if [ $ARM64 = 1 ]; then
+  PKGS+=(g++-aarch64-linux-gnu libgtest-dev:arm64 libxxhash-dev:arm64 libzstd-dev:arm64
+         libhiredis-dev:arm64 libzmq3-dev:arm64 cppzmq-dev:arm64 libcpp-httplib-dev:arm64
+         zlib1g-dev:arm64)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,6 +34,9 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "installing: ${missing[*]}"
+  if [ $ARM64 = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $SUDO dpkg --add-architecture arm64
+  fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
