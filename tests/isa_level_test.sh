@@ -10,8 +10,11 @@ level=$1 kvserve=$2 kernels_test=$3 requantize=$4 models=${KVSERVE_TEST_MODELS:-
 shift 6
 runner=("$@")
 if ! msg=$(KVSERVE_ISA=$level "${runner[@]}" "$kvserve" --version 2>&1 >/dev/null); then
-  echo "skipped: $msg"
-  exit 77
+  # Only the refusal of a level this CPU or build lacks is a skip; anything else (a crash) fails.
+  case "$msg" in
+    *"this CPU lacks"* | *"this build has no"*) echo "skipped: $msg"; exit 77 ;;
+    *) echo "kvserve --version failed at $level: $msg"; exit 1 ;;
+  esac
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -534,8 +534,15 @@ TEST(MatMul, ZeroInputsGiveExactZeros) {
 // ---------------------------------------------------------------------------------------------
 // Interleaved layout (kernels/repack.h)
 
-const DType kInterleavedTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K,
-                                   DType::kF32,  DType::kF16,  DType::kBF16};
+// The types with an interleaved kernel at the level in force (Q5_K: AVX2 only).
+std::vector<DType> InterleavedTypes() {
+  std::vector<DType> types;
+  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                  DType::kF32, DType::kF16, DType::kBF16}) {
+    if (matmul_internal::InterleavedKernelAvailable(t)) types.push_back(t);
+  }
+  return types;
+}
 
 // Activations rounded the way the interleaved K-quant kernels quantize them (llama.cpp's Q8_K:
 // one scale per 256 values, -127 at the value of largest magnitude, round half to even).
@@ -564,7 +571,7 @@ bool HasInterleavedKernels() {
 
 TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
-  for (DType t : kInterleavedTypes) {
+  for (DType t : InterleavedTypes()) {
     const int64_t cols = ColsFor(t, 64);
     const size_t rb = RowBytes(t, cols);
     EXPECT_TRUE(CanInterleave(MatrixView{t, nullptr, 32, cols, rb}));
@@ -573,9 +580,10 @@ TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
     EXPECT_FALSE(CanInterleave(
         MatrixView{t, nullptr, 32, cols, rb, WeightLayout::kInterleaved16}));  // already done
   }
-  for (DType t : {DType::kQ5_0, DType::kQ5_K}) {
-    EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 32, 256, RowBytes(t, 256)}));
-  }
+  EXPECT_FALSE(CanInterleave(MatrixView{DType::kQ5_0, nullptr, 32, 256, RowBytes(DType::kQ5_0, 256)}));
+  // Q5_K has an interleaved kernel at the AVX2 level only.
+  EXPECT_EQ(CanInterleave(MatrixView{DType::kQ5_K, nullptr, 32, 256, RowBytes(DType::kQ5_K, 256)}),
+            matmul_internal::InterleavedKernelAvailable(DType::kQ5_K));
   for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
     EXPECT_TRUE(CanInterleave(MatrixView{t, nullptr, 32, 256, RowBytes(t, 256)}));
     EXPECT_FALSE(CanInterleave(MatrixView{t, nullptr, 24, 256, RowBytes(t, 256)}));
@@ -586,7 +594,7 @@ TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
 
 TEST(Interleave, ReadRowGivesBackEveryRow) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
-  for (DType t : kInterleavedTypes) {
+  for (DType t : InterleavedTypes()) {
     for (Shape s : std::vector<Shape>{{16, ColsFor(t, 32)}, {48, ColsFor(t, 96)}, {32, 2048}}) {
       SCOPED_TRACE(std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.cols));
@@ -614,7 +622,7 @@ TEST(Interleave, MatMulMatchesReference) {
   // partial last one (K-quants round them up to whole super-blocks).
   const std::vector<Shape> shapes = {{16, 32},   {32, 64},   {48, 96},     {64, 160},
                                      {80, 4096}, {112, 256}, {1008, 2048}, {32, 800}};
-  for (DType t : kInterleavedTypes) {
+  for (DType t : InterleavedTypes()) {
     std::vector<Shape> type_shapes;
     for (Shape s : shapes) type_shapes.push_back({s.rows, ColsFor(t, s.cols)});
     CheckShapes(t, type_shapes, {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}, true);
@@ -645,7 +653,7 @@ TEST(Interleave, GroupMajorAndTokenMajorOrdersAgreeBitForBit) {
 TEST(Interleave, ExactOnPreQuantizedActivations) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
   ThreadPool pool(2);
-  for (DType t : kInterleavedTypes) {
+  for (DType t : InterleavedTypes()) {
     SCOPED_TRACE(DTypeName(t));
     const int64_t rows = 48, cols = 2048, n = 6;
     TestMatrix m = MakeMatrix(t, rows, cols, 31);
@@ -670,7 +678,7 @@ TEST(Interleave, ExactOnPreQuantizedActivations) {
 TEST(Interleave, SharedInputEqualsOneMatMulEach) {
   if (!HasInterleavedKernels()) GTEST_SKIP() << "no interleaved kernels in this build";
   std::vector<std::vector<DType>> sets;
-  for (DType t : kInterleavedTypes) sets.push_back({t, t, t});
+  for (DType t : InterleavedTypes()) sets.push_back({t, t, t});
   sets.push_back({DType::kQ4_K, DType::kQ4_K, DType::kQ6_K});  // Q4_K_M's q/k/v: one form
   sets.push_back({DType::kQ4_0, DType::kQ8_0, DType::kF16});   // three forms
   for (const std::vector<DType>& types : sets) {

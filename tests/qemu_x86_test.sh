@@ -5,6 +5,7 @@
 # with a q8_0 KV cache (-c 128, 4 chunks) within 0.1% of the scalar level's (run natively).
 #   usage: qemu_x86_test.sh KVSERVE REQUANTIZE MODELS_DIR TEXT
 set -euo pipefail
+unset KVSERVE_ISA  # the emulated CPU's own choice is what is tested
 kvserve=$1 requantize=$2 models=${KVSERVE_TEST_MODELS:-$3} text=$4
 qemu=$(command -v qemu-x86_64 || true)
 if [ -z "$qemu" ]; then echo "skipped: no qemu-x86_64 (Debian's qemu-user; scripts/setup.sh installs it)"; exit 77; fi

@@ -89,6 +89,12 @@ int main(int argc, char** argv) {
       writer.AddTensor(t.name, t.dims, t.type, std::move(bytes));
     }
   }
+  if (quantized == 0) {
+    // A copy with nothing requantized would make any test built on it pass vacuously.
+    std::fprintf(stderr, "error: %s has no F32 or F16 matrix whose rows divide into %s blocks\n",
+                 argv[1], mix.c_str());
+    return 1;
+  }
   if (kvs::Status st = writer.WriteFile(argv[2]); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.message().c_str());
     return 1;

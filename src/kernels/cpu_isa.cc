@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -28,15 +29,18 @@ std::vector<Feature> RequiredFeatures(Isa isa) {
       return {{"avx512f", __builtin_cpu_supports("avx512f") != 0},
               {"avx512bw", __builtin_cpu_supports("avx512bw") != 0},
               {"avx512vl", __builtin_cpu_supports("avx512vl") != 0},
+              {"avx512dq", __builtin_cpu_supports("avx512dq") != 0},
               {"avx512vnni", __builtin_cpu_supports("avx512vnni") != 0},
               {"avx2", __builtin_cpu_supports("avx2") != 0},
               {"fma", __builtin_cpu_supports("fma") != 0},
               {"f16c", __builtin_cpu_supports("f16c") != 0},
+              {"bmi", __builtin_cpu_supports("bmi") != 0},
               {"bmi2", __builtin_cpu_supports("bmi2") != 0}};
     case Isa::kAvx2:
       return {{"avx2", __builtin_cpu_supports("avx2") != 0},
               {"fma", __builtin_cpu_supports("fma") != 0},
               {"f16c", __builtin_cpu_supports("f16c") != 0},
+              {"bmi", __builtin_cpu_supports("bmi") != 0},
               {"bmi2", __builtin_cpu_supports("bmi2") != 0}};
     default:
       return {};
@@ -72,6 +76,28 @@ std::string CpuModelName() {
     }
   }
   return "unknown CPU";
+}
+
+// The requested value as the messages show it: quoted, printable ASCII only, at most 40 bytes.
+std::string Quoted(std::string_view value) {
+  std::string out = "\"";
+  for (size_t i = 0; i < value.size() && i < 40; ++i) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    out += (c >= 0x20 && c < 0x7f && c != '"') ? static_cast<char>(c) : '?';
+  }
+  if (value.size() > 40) out += "...";
+  return out + "\"";
+}
+
+// The levels this build can run, for messages: "avx512, avx2 or scalar".
+std::string LevelList() {
+#if defined(__x86_64__)
+  return "avx512, avx2 or scalar";
+#elif defined(__aarch64__)
+  return "neon or scalar";
+#else
+  return "scalar";
+#endif
 }
 
 }  // namespace
@@ -133,28 +159,22 @@ Expected<Isa> ResolveIsa(std::string_view requested) {
   } else if (requested == "neon") {
     isa = Isa::kNeon;
   } else {
-    return Status::Error(StrFormat("KVSERVE_ISA=%.*s: unknown level (avx512, avx2, neon or scalar)",
-                                   static_cast<int>(requested.size()), requested.data()));
+    return Status::Error(StrFormat("KVSERVE_ISA=%s: unknown level (this build runs %s)",
+                                   Quoted(requested).c_str(), LevelList().c_str()));
   }
   if (!IsaCompiledIn(isa)) {
-    return Status::Error(StrFormat("KVSERVE_ISA=%.*s: this build has no %.*s kernels (built for %s)",
-                                   static_cast<int>(requested.size()), requested.data(),
-                                   static_cast<int>(requested.size()), requested.data(),
-#if defined(__aarch64__)
-                                   "aarch64"
-#else
-                                   "x86-64"
-#endif
-                                   ));
+    return Status::Error(StrFormat("KVSERVE_ISA=%s: this build has no %s kernels (it runs %s)",
+                                   Quoted(requested).c_str(), std::string(IsaName(isa)).c_str(),
+                                   LevelList().c_str()));
   }
   std::string missing;
   for (const Feature& f : RequiredFeatures(isa)) {
     if (!f.present) missing += std::string(missing.empty() ? "" : ", ") + f.name;
   }
   if (!missing.empty()) {
-    return Status::Error(StrFormat("KVSERVE_ISA=%.*s: this CPU lacks %s (its best level is %s)",
-                                   static_cast<int>(requested.size()), requested.data(),
-                                   missing.c_str(), std::string(IsaName(DetectIsa())).c_str()));
+    return Status::Error(StrFormat("KVSERVE_ISA=%s: this CPU lacks %s (its best level is %s)",
+                                   Quoted(requested).c_str(), missing.c_str(),
+                                   std::string(IsaName(DetectIsa())).c_str()));
   }
   return isa;
 }
@@ -170,8 +190,12 @@ Isa ActiveIsa() {
     const char* env = std::getenv("KVSERVE_ISA");
     Expected<Isa> isa = ResolveIsa(env != nullptr ? env : "");
     if (!isa.ok()) {
-      std::fprintf(stderr, "error: %s\n", isa.error().c_str());
-      std::exit(2);
+      // A library user's process is not ours to end: the CLI refuses such a value before it
+      // gets here (CheckIsaEnvironment); an embedding program gets the CPU's best and a warning.
+      const Isa best = DetectIsa();
+      std::fprintf(stderr, "warning: %s; running at %s\n", isa.error().c_str(),
+                   std::string(IsaName(best)).c_str());
+      return best;
     }
     return *isa;
   }();

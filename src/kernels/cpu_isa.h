@@ -16,8 +16,8 @@ namespace kvs {
 
 enum class Isa : uint8_t {
   kScalar = 0,  // the portable twins (baseline x86-64 or ARMv8)
-  kAvx2 = 1,    // AVX2 + FMA + F16C + BMI2 (Haswell, Zen 1 and later)
-  kAvx512 = 2,  // AVX-512 F, BW, VL, VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later)
+  kAvx2 = 1,    // AVX2 + FMA + F16C + BMI1/2 (Haswell, Zen 1 and later)
+  kAvx512 = 2,  // AVX-512 F, BW, VL, DQ, VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later)
   kNeon = 3,    // ARMv8 Advanced SIMD
 };
 
@@ -35,8 +35,8 @@ bool IsaCompiledIn(Isa isa);
 Expected<Isa> ResolveIsa(std::string_view requested);
 
 // The level in force: resolved from KVSERVE_ISA on first use and fixed for the process. An
-// invalid KVSERVE_ISA ends the process with its message and exit code 2; programs check
-// CheckIsaEnvironment() first to report it their own way.
+// invalid KVSERVE_ISA gives the CPU's best level and a warning on stderr (the CLI checks
+// CheckIsaEnvironment() first and refuses it).
 Isa ActiveIsa();
 
 // ResolveIsa(getenv("KVSERVE_ISA")): the CLI calls this at start so that a bad value is an

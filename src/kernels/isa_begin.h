@@ -14,6 +14,8 @@
 #error "kernels/isa_begin.h included twice without kernels/isa_end.h"
 #endif
 
+// The features enabled here are exactly those RequiredFeatures (cpu_isa.cc) checks for the level:
+// the compiler may emit any of them (AVX512DQ's vpmullq, for one) where it sees fit.
 // What the level's helpers (kernels/simd.h) use, included here before the target changes.
 #include <cmath>
 #include <cstdint>
@@ -24,12 +26,12 @@
 #define KVS_ISA_AVX512 1
 #define KVS_ISA_AVX2 1
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512vnni,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2")
 #elif defined(KVS_ISA_LEVEL_AVX2)
 #define KVS_ISA avx2
 #define KVS_ISA_AVX2 1
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 #elif defined(KVS_ISA_LEVEL_NEON)
 #define KVS_ISA neon
 #define KVS_ISA_NEON 1

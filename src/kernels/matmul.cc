@@ -120,6 +120,7 @@ InterleavedActs ActsOf(const MatrixView& w) {
     case DType::kBF16:
       return {InterleavedActs::kFloat};
     case DType::kQ4_K:
+    case DType::kQ5_K:
     case DType::kQ6_K:
       return {InterleavedActs::kQ8K};
     default:
@@ -246,7 +247,8 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, float* out, T
       }
       [[fallthrough]];
     default:
-      // Formats without an integer kernel (Q2_K, Q3_K, Q4_1, Q5_1; K-quants without AVX-512):
+      // Formats without an integer kernel at the level in force (Q2_K, Q3_K, Q4_1, Q5_1; at the
+      // scalar level the K-quants; at AVX2 the Q4_K/Q6_K matrices that cannot be interleaved):
       // dequantize each row once and reuse it for every token.
       ForRowBlocks(w, out, n_tokens, pool, [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         MatMulRowsDequantized(w, r0, r1, x, t0, t1, out);

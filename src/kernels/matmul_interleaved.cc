@@ -22,6 +22,9 @@ namespace kvs::matmul_internal::KVS_ISA {
 
 bool InterleavedKernelAvailable(DType t) {
   switch (t) {
+#if defined(KVS_ISA_AVX2) && !KVS_MATMUL_AVX512
+    case DType::kQ5_K:  // AVX2 only: the AVX-512 level keeps its row-major Q5_K kernel
+#endif
 #if KVS_MATMUL_AVX512 || defined(KVS_ISA_AVX2)
     case DType::kQ4_K:
     case DType::kQ6_K:

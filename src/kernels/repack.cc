@@ -14,7 +14,7 @@ namespace {
 constexpr size_t kScaleBytes = 2 * kInterleaveRows;
 
 bool IsKQuant(DType t) {
-  return t == DType::kQ4_K || t == DType::kQ6_K;
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
 // Values per block: the unit that a group interleaves (a K-quant super-block, else 32).
@@ -69,6 +69,52 @@ void UnpackQ4_K(const uint8_t* gb, int lane, BlockQ4_K* b) {
   }
 }
 
+// Q5_K group-block (2816 bytes, 16 rows' blocks): Q4_K's group-block of the low four bits, then
+// 32 chunks of fifth bits, 16 bytes each: chunk k's byte for a lane has bit j (j < 4) set for
+// value 4k + j and bit 4 + j for value 128 + 4k + j, the values of code chunk k.
+constexpr size_t kQ5KHigh = 2304;
+
+BlockQ4_K LowBits(const BlockQ5_K& b) {
+  BlockQ4_K q;
+  q.d = b.d;
+  q.dmin = b.dmin;
+  std::memcpy(q.scales, b.scales, sizeof(q.scales));
+  std::memcpy(q.qs, b.qs, sizeof(q.qs));
+  return q;
+}
+
+int FifthBit(const BlockQ5_K& b, int i) {
+  return (b.qh[i % 32] >> (i / 32)) & 1;
+}
+
+void PackQ5_K(const BlockQ5_K& b, int lane, uint8_t* gb) {
+  PackQ4_K(LowBits(b), lane, gb);
+  for (int k = 0; k < 32; ++k) {
+    int bits = 0;
+    for (int j = 0; j < 4; ++j)
+      bits |= (FifthBit(b, 4 * k + j) << j) | (FifthBit(b, 128 + 4 * k + j) << (4 + j));
+    gb[kQ5KHigh + 16 * k + lane] = static_cast<uint8_t>(bits);
+  }
+}
+
+void UnpackQ5_K(const uint8_t* gb, int lane, BlockQ5_K* b) {
+  BlockQ4_K q;
+  UnpackQ4_K(gb, lane, &q);
+  b->d = q.d;
+  b->dmin = q.dmin;
+  std::memcpy(b->scales, q.scales, sizeof(q.scales));
+  std::memcpy(b->qs, q.qs, sizeof(q.qs));
+  std::memset(b->qh, 0, sizeof(b->qh));
+  for (int k = 0; k < 32; ++k) {
+    const int bits = gb[kQ5KHigh + 16 * k + lane];
+    for (int j = 0; j < 4; ++j) {
+      const int lo = 4 * k + j, hi = 128 + 4 * k + j;
+      b->qh[lo % 32] |= static_cast<uint8_t>(((bits >> j) & 1) << (lo / 32));
+      b->qh[hi % 32] |= static_cast<uint8_t>(((bits >> (4 + j)) & 1) << (hi / 32));
+    }
+  }
+}
+
 // Q6_K group-block (3360 bytes): d[16] (f16), scales [16 sub-blocks][16 rows] (int8), 32 chunks
 // of low nibbles (chunk c: values 4c.. low, 128+4c.. high), then 16 chunks of top bits (chunk
 // m, byte j: bits 2i..2i+1 belong to value 64i + 4m + j).
@@ -112,6 +158,8 @@ bool IsFloat(DType t) {
 void PackBlock(DType t, const uint8_t* src, int lane, uint8_t* group_block) {
   if (t == DType::kQ4_K)
     return PackQ4_K(*reinterpret_cast<const BlockQ4_K*>(src), lane, group_block);
+  if (t == DType::kQ5_K)
+    return PackQ5_K(*reinterpret_cast<const BlockQ5_K*>(src), lane, group_block);
   if (t == DType::kQ6_K)
     return PackQ6_K(*reinterpret_cast<const BlockQ6_K*>(src), lane, group_block);
   if (IsFloat(t)) {
@@ -136,6 +184,7 @@ void PackBlock(DType t, const uint8_t* src, int lane, uint8_t* group_block) {
 
 void UnpackBlock(DType t, const uint8_t* group_block, int lane, uint8_t* dst) {
   if (t == DType::kQ4_K) return UnpackQ4_K(group_block, lane, reinterpret_cast<BlockQ4_K*>(dst));
+  if (t == DType::kQ5_K) return UnpackQ5_K(group_block, lane, reinterpret_cast<BlockQ5_K*>(dst));
   if (t == DType::kQ6_K) return UnpackQ6_K(group_block, lane, reinterpret_cast<BlockQ6_K*>(dst));
   if (IsFloat(t)) {
     const size_t size = Info(t).block_bytes;
