@@ -537,8 +537,8 @@ TEST(MatMul, ZeroInputsGiveExactZeros) {
 // The types with an interleaved kernel at the level in force (Q5_K: AVX2 only).
 std::vector<DType> InterleavedTypes() {
   std::vector<DType> types;
-  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                  DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kF32,
+                  DType::kF16, DType::kBF16}) {
     if (matmul_internal::InterleavedKernelAvailable(t)) types.push_back(t);
   }
   return types;
@@ -580,7 +580,8 @@ TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
     EXPECT_FALSE(CanInterleave(
         MatrixView{t, nullptr, 32, cols, rb, WeightLayout::kInterleaved16}));  // already done
   }
-  EXPECT_FALSE(CanInterleave(MatrixView{DType::kQ5_0, nullptr, 32, 256, RowBytes(DType::kQ5_0, 256)}));
+  EXPECT_FALSE(
+      CanInterleave(MatrixView{DType::kQ5_0, nullptr, 32, 256, RowBytes(DType::kQ5_0, 256)}));
   // Q5_K has an interleaved kernel at the AVX2 level only.
   EXPECT_EQ(CanInterleave(MatrixView{DType::kQ5_K, nullptr, 32, 256, RowBytes(DType::kQ5_K, 256)}),
             matmul_internal::InterleavedKernelAvailable(DType::kQ5_K));

@@ -52,8 +52,8 @@ using WalkFn = void (*)(const AttentionShape& shape, const WalkHead* heads, int 
 WalkFn WalkFor(const KvHeadView& kv, int n);
 
 // WalkFor of each instruction-set level (attention_walk.cc, compiled once per level).
-#define KVS_DECLARE_WALK_LEVEL(ns) \
-  namespace ns {                   \
+#define KVS_DECLARE_WALK_LEVEL(ns)             \
+  namespace ns {                               \
   WalkFn WalkFor(const KvHeadView& kv, int n); \
   }
 KVS_FOR_EACH_ISA_NAMESPACE(KVS_DECLARE_WALK_LEVEL)

@@ -2,9 +2,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <cstring>
 #include <fstream>
+#include <string>
 #include <vector>
 
 #if defined(__aarch64__) && defined(__linux__)
@@ -208,8 +208,8 @@ std::string IsaDescription() {
   for (const Feature& f : RequiredFeatures(isa)) features += std::string(" ") + f.name;
   std::string s = std::string(IsaName(isa)) + " (" + CpuModelName();
   if (!features.empty()) s += ":" + features;
-  if (isa != DetectIsa()) s += "; forced by KVSERVE_ISA, the CPU's best is " +
-                               std::string(IsaName(DetectIsa()));
+  if (isa != DetectIsa())
+    s += "; forced by KVSERVE_ISA, the CPU's best is " + std::string(IsaName(DetectIsa()));
   return s + ")";
 }
 

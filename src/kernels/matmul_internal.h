@@ -150,31 +150,30 @@ void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuanti
 // The functions above that are compiled once per instruction-set level (kernels/isa_begin.h):
 // each level's namespace holds its own, and the unqualified ones (matmul_dispatch.cc) call the
 // level in force. Tests may call a level's directly where the CPU has it.
-#define KVS_DECLARE_MATMUL_LEVEL(ns)                                                              \
-  namespace ns {                                                                                \
-  void QuantizeActivations(const float* x, int64_t cols, int32_t code_offset, ActPair* dst);     \
-  void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, ActBlock* dst); \
-  void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,       \
-                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                   \
-  void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,       \
-                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                   \
-  void MatMulRowsQ5_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,       \
-                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                   \
-  void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,  \
-                       int64_t t1, float* out, int64_t out_stride);                              \
-  bool InterleavedKernelAvailable(DType t);                                                      \
-  void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,     \
-                             int64_t t0, int64_t t1, float* out, int64_t out_stride);            \
-  void MatMulRowsInterleavedFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x,   \
-                                  int64_t t0, int64_t t1, float* out, int64_t out_stride);       \
-  void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst);                       \
-  void MatMulRowsInterleavedKQuant(const MatrixView& w, int64_t r0, int64_t r1,                  \
-                                   const KActs256& a, int64_t t0, int64_t t1, float* out,        \
-                                   int64_t out_stride);                                          \
-  bool KQuantKernelAvailable(DType t);                                                           \
-  void QuantizeActivationsK(const float* x, int64_t cols, KActOrder order, KActBlock* dst);      \
-  void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuantizedActs& a,    \
-                        int64_t t0, int64_t t1, float* out, int64_t out_stride);                 \
+#define KVS_DECLARE_MATMUL_LEVEL(ns)                                                               \
+  namespace ns {                                                                                   \
+  void QuantizeActivations(const float* x, int64_t cols, int32_t code_offset, ActPair* dst);       \
+  void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, ActBlock* dst);  \
+  void MatMulRowsQ8_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,         \
+                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                     \
+  void MatMulRowsQ4_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,         \
+                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                     \
+  void MatMulRowsQ5_0(const MatrixView& w, int64_t r0, int64_t r1, const QuantizedActs& a,         \
+                      int64_t t0, int64_t t1, float* out, int64_t out_stride);                     \
+  void MatMulRowsFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x, int64_t t0,    \
+                       int64_t t1, float* out, int64_t out_stride);                                \
+  bool InterleavedKernelAvailable(DType t);                                                        \
+  void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,       \
+                             int64_t t0, int64_t t1, float* out, int64_t out_stride);              \
+  void MatMulRowsInterleavedFloat(const MatrixView& w, int64_t r0, int64_t r1, const float* x,     \
+                                  int64_t t0, int64_t t1, float* out, int64_t out_stride);         \
+  void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst);                         \
+  void MatMulRowsInterleavedKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KActs256& a, \
+                                   int64_t t0, int64_t t1, float* out, int64_t out_stride);        \
+  bool KQuantKernelAvailable(DType t);                                                             \
+  void QuantizeActivationsK(const float* x, int64_t cols, KActOrder order, KActBlock* dst);        \
+  void MatMulRowsKQuant(const MatrixView& w, int64_t r0, int64_t r1, const KQuantizedActs& a,      \
+                        int64_t t0, int64_t t1, float* out, int64_t out_stride);                   \
   }
 KVS_FOR_EACH_ISA_NAMESPACE(KVS_DECLARE_MATMUL_LEVEL)
 #undef KVS_DECLARE_MATMUL_LEVEL
