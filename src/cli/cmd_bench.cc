@@ -13,10 +13,10 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "core/page_memory.h"
-#include "kernels/cpu_isa.h"
 #include "core/thread_pool.h"
 #include "engine/engine_builder.h"
 #include "kernels/compute_peak.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/kv_types.h"
 #include "tokenizer/tokenizer.h"
 

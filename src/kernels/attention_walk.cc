@@ -534,7 +534,8 @@ float PortableScore(const KvHeadView& kv, int32_t hk, const float* q, const floa
 // Each query of each head on its own, key by key, over keys [16 * b0, 16 * b1): the scalar
 // twin (the AVX2 level walks blocks instead, attention_walk_avx2.inc).
 [[maybe_unused]] void AttendEach(const AttentionShape& shape, const WalkHead* heads, int n_heads,
-                const int32_t* n_keys, int n, int32_t b0, int32_t b1, const Partials& out) {
+                                 const int32_t* n_keys, int n, int32_t b0, int32_t b1,
+                                 const Partials& out) {
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   const int32_t hv_pad = (hv + 15) / 16 * 16;
   for (int h = 0; h < n_heads; ++h) {

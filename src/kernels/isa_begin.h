@@ -8,8 +8,9 @@
 // above this point, stay compiled for the baseline, so the linker can never keep an AVX-512
 // copy of, say, std::vector<float>'s growth for a CPU without AVX-512. Everything the file
 // defines from here on is either in an unnamed namespace or in the namespace KVS_ISA (avx512,
-// avx2, neon or scalar), so the levels' copies never merge either. GCC's C++ front end does not define the level's feature macros (__AVX512F__, __AVX2__) under
-// the pragma, so the kernels test KVS_ISA_AVX512 and KVS_ISA_AVX2 (AVX-512 implies AVX2) instead.
+// avx2, neon or scalar), so the levels' copies never merge either. GCC's C++ front end does not
+// define the level's feature macros (__AVX512F__, __AVX2__) under the pragma, so the kernels test
+// KVS_ISA_AVX512 and KVS_ISA_AVX2 (AVX-512 implies AVX2) instead.
 #if defined(KVS_ISA)
 #error "kernels/isa_begin.h included twice without kernels/isa_end.h"
 #endif
