@@ -47,7 +47,7 @@ std::vector<Feature> RequiredFeatures(Isa isa) {
   }
 #elif defined(__aarch64__) && defined(__linux__)
   // Advanced SIMD is part of ARMv8-A; AT_HWCAP's ASIMD bit says the kernel exposes it.
-  // dotprod and i8mm are reported for the log (no kernel needs them yet).
+  // (dotprod and i8mm, AT_HWCAP/AT_HWCAP2: no kernel uses them yet.)
   const unsigned long hwcap = getauxval(AT_HWCAP);
   if (isa == Isa::kNeon) return {{"asimd", (hwcap & HWCAP_ASIMD) != 0}};
   return {};
