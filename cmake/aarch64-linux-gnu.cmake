@@ -14,5 +14,7 @@ set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE BOTH)
 set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
 set(ENV{PKG_CONFIG_SYSROOT_DIR} "")
-# Tests run under qemu-user (Debian's qemu-user, with the arm64 loader and libraries).
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /usr/aarch64-linux-gnu)
+# Tests run under qemu-user (Debian's qemu-user) with the loader, libc and libraries of the arm64
+# multiarch packages (-L /): the cross package's loader (/usr/aarch64-linux-gnu) with the multiarch
+# libc.so.6 is a mismatched glibc pair whose first pthread_create never returns (test-arm64.sh).
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /)

@@ -19,13 +19,14 @@ PKGS+=(chromium)
 # already has node (e.g. from NodeSource, which bundles npm) keeps it.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
 # --arm64: also what scripts/test-arm64.sh needs to cross-build for ARM64 and run it under
-# qemu-aarch64 (the cross compiler, the libraries as arm64 -dev packages).
+# qemu-aarch64 (the cross compiler, the libraries as arm64 -dev packages). The binaries run on
+# libc6:arm64's loader and libc (qemu-aarch64 -L /), not the cross package's: see test-arm64.sh.
 ARM64=0
 [ "${1:-}" = --arm64 ] && ARM64=1
 if [ $ARM64 = 1 ]; then
-  PKGS+=(g++-aarch64-linux-gnu libgtest-dev:arm64 libxxhash-dev:arm64 libzstd-dev:arm64
-         libhiredis-dev:arm64 libzmq3-dev:arm64 cppzmq-dev:arm64 libcpp-httplib-dev:arm64
-         zlib1g-dev:arm64)
+  PKGS+=(g++-aarch64-linux-gnu libc6:arm64 libgtest-dev:arm64 libxxhash-dev:arm64
+         libzstd-dev:arm64 libhiredis-dev:arm64 libzmq3-dev:arm64 cppzmq-dev:arm64
+         libcpp-httplib-dev:arm64 zlib1g-dev:arm64)
 fi
 missing=()
 for p in "${PKGS[@]}"; do
