@@ -59,7 +59,11 @@ void BM_MatMul(benchmark::State& state) {
 }
 
 void Args(benchmark::internal::Benchmark* b) {
-  for (DType t : {DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t :
+       {DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    // One thread on an L3-resident matrix (13.8 MiB at Q6_K): the kernel's own speed, apart
+    // from memory; then two threads as decode and prefill run.
+    b->Args({static_cast<int64_t>(t), 1, 1});
     for (int64_t tokens : {1, 64, 512}) b->Args({static_cast<int64_t>(t), tokens, 2});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();

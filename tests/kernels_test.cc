@@ -256,6 +256,35 @@ TEST(Quantize, MatrixQuantizesEachRow) {
   }
 }
 
+// The activations' Q8_0 quantization of the level in force (isa_level_test runs this file at
+// every level) gives QuantizeRow(kQ8_0)'s codes and scale bit for bit, ties included: values
+// exactly halfway between two codes, zeros, one signed extreme, tiny and huge magnitudes.
+TEST(Quantize, ActivationsOfTheLevelInForceMatchTheQ8_0Row) {
+  const int64_t cols = 32 * 8;
+  std::vector<float> x = testing::GaussianVector(cols, 11);
+  for (int j = 0; j < 32; ++j) {
+    x[32 + j] = (j - 16) + 0.5f;                   // block 1: amax 16.5, ties at many codes
+    x[64 + j] = 0.0f;                              // block 2: all zero
+    x[96 + j] = j == 7 ? -3.0f : 0.25f * (j % 5);  // block 3: one negative extreme
+    x[128 + j] *= 1e-30f;                          // block 4: tiny
+    x[160 + j] *= 1e30f;                           // block 5: huge
+    x[192 + j] = 127.0f * (j % 2 ? 1 : -1) * (j / 32.0f);
+  }
+  std::vector<BlockQ8_0> want(cols / 32);
+  QuantizeRow(DType::kQ8_0, x.data(), want.data(), cols);
+  for (int32_t offset : {0, 8, 128}) {
+    std::vector<matmul_internal::ActBlock> got(cols / 32);
+    matmul_internal::QuantizeActivationsFlat(x.data(), cols, offset, got.data());
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      EXPECT_EQ(0, std::memcmp(got[b].qs, want[b].qs, 32)) << "block " << b;
+      EXPECT_EQ(got[b].scale, F16ToF32(want[b].d)) << "block " << b;
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) sum += want[b].qs[j];
+      EXPECT_EQ(got[b].bias, -offset * sum) << "block " << b << " offset " << offset;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // MatMul
 

@@ -7,3 +7,4 @@
 #undef KVS_ISA_AVX512
 #undef KVS_ISA_AVX2
 #undef KVS_ISA_NEON
+#undef KVS_UNROLL

@@ -67,6 +67,50 @@ void QuantizeBlock(const float* x, int32_t code_offset, ActPair* p, int half) {
                       _mm256_mullo_epi32(lane_sums, _mm256_set1_epi32(-code_offset)));
 }
 
+#elif defined(KVS_ISA_AVX2)
+
+// std::round (halves away from zero) of 8 floats, as int32: the scalar twin's rounding exactly.
+inline __m256i RoundAwayToInt(__m256 v) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(v, t));  // |v - t|, exact
+  const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign_bit), _mm256_set1_ps(1.0f));
+  return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, one)));
+}
+
+// QuantizeRow(kQ8_0)'s block, vectorized with the same arithmetic (one multiply by 1 / d, round
+// half away from zero), so both give the same codes and scale.
+void QuantizeBlock(const float* x, int32_t code_offset, ActPair* p, int half) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 amax8 = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign_bit, v[i]));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float amax = _mm_cvtss_f32(m);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i) q[i] = RoundAwayToInt(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+  // int32 -> int8 (|q| <= 127, no saturation); the packs interleave 128-bit lanes, the permute
+  // puts the values back in order.
+  const __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i codes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b),
+                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p->qs + 32 * half), codes);
+  const float d16 = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+  _mm256_storeu_ps(p->scale + 8 * half, _mm256_set1_ps(d16));
+  const __m256i lane_sums =
+      _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), codes), _mm256_set1_epi16(1));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p->bias + 8 * half),
+                      _mm256_mullo_epi32(lane_sums, _mm256_set1_epi32(-code_offset)));
+}
+
 #else
 
 void QuantizeBlock(const float* x, int32_t code_offset, ActPair* p, int half) {

@@ -70,8 +70,10 @@ void UnpackQ4_K(const uint8_t* gb, int lane, BlockQ4_K* b) {
 }
 
 // Q5_K group-block (2816 bytes, 16 rows' blocks): Q4_K's group-block of the low four bits, then
-// 32 chunks of fifth bits, 16 bytes each: chunk k's byte for a lane has bit j (j < 4) set for
-// value 4k + j and bit 4 + j for value 128 + 4k + j, the values of code chunk k.
+// the fifth bits as 8 bit-planes of 64 bytes: plane 2 * jj + half (half 0: low nibbles, 1: high)
+// has, in byte 4 * lane + j, bit s set for value 128 * half + 4 * (8 * jj + s) + j, so a byte
+// lines up with its code bytes in chunks 8 * jj .. 8 * jj + 7 and the kernel moves bit s to the
+// code's bit 4 with one shift.
 constexpr size_t kQ5KHigh = 2304;
 
 BlockQ4_K LowBits(const BlockQ5_K& b) {
@@ -87,14 +89,20 @@ int FifthBit(const BlockQ5_K& b, int i) {
   return (b.qh[i % 32] >> (i / 32)) & 1;
 }
 
+// The value of bit s of plane byte (jj, half, j).
+int Q5KPlaneValue(int jj, int half, int j, int s) {
+  return 128 * half + 4 * (8 * jj + s) + j;
+}
+
 void PackQ5_K(const BlockQ5_K& b, int lane, uint8_t* gb) {
   PackQ4_K(LowBits(b), lane, gb);
-  for (int k = 0; k < 32; ++k) {
-    int bits = 0;
-    for (int j = 0; j < 4; ++j)
-      bits |= (FifthBit(b, 4 * k + j) << j) | (FifthBit(b, 128 + 4 * k + j) << (4 + j));
-    gb[kQ5KHigh + 16 * k + lane] = static_cast<uint8_t>(bits);
-  }
+  for (int jj = 0; jj < 4; ++jj)
+    for (int half = 0; half < 2; ++half)
+      for (int j = 0; j < 4; ++j) {
+        int bits = 0;
+        for (int s = 0; s < 8; ++s) bits |= FifthBit(b, Q5KPlaneValue(jj, half, j, s)) << s;
+        gb[kQ5KHigh + 128 * jj + 64 * half + 4 * lane + j] = static_cast<uint8_t>(bits);
+      }
 }
 
 void UnpackQ5_K(const uint8_t* gb, int lane, BlockQ5_K* b) {
@@ -105,14 +113,15 @@ void UnpackQ5_K(const uint8_t* gb, int lane, BlockQ5_K* b) {
   std::memcpy(b->scales, q.scales, sizeof(q.scales));
   std::memcpy(b->qs, q.qs, sizeof(q.qs));
   std::memset(b->qh, 0, sizeof(b->qh));
-  for (int k = 0; k < 32; ++k) {
-    const int bits = gb[kQ5KHigh + 16 * k + lane];
-    for (int j = 0; j < 4; ++j) {
-      const int lo = 4 * k + j, hi = 128 + 4 * k + j;
-      b->qh[lo % 32] |= static_cast<uint8_t>(((bits >> j) & 1) << (lo / 32));
-      b->qh[hi % 32] |= static_cast<uint8_t>(((bits >> (4 + j)) & 1) << (hi / 32));
-    }
-  }
+  for (int jj = 0; jj < 4; ++jj)
+    for (int half = 0; half < 2; ++half)
+      for (int j = 0; j < 4; ++j) {
+        const int bits = gb[kQ5KHigh + 128 * jj + 64 * half + 4 * lane + j];
+        for (int s = 0; s < 8; ++s) {
+          const int i = Q5KPlaneValue(jj, half, j, s);
+          b->qh[i % 32] |= static_cast<uint8_t>(((bits >> s) & 1) << (i / 32));
+        }
+      }
 }
 
 // Q6_K group-block (3360 bytes): d[16] (f16), scales [16 sub-blocks][16 rows] (int8), 32 chunks
