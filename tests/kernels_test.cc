@@ -285,6 +285,24 @@ TEST(Quantize, ActivationsOfTheLevelInForceMatchTheQ8_0Row) {
   }
 }
 
+// The same for the K-quant kernels' 256-value activations (QuantizeActivationsQ8K): the level in
+// force against the scalar level's, every byte of every super-block.
+TEST(Quantize, Q8KActivationsOfTheLevelInForceMatchTheScalarLevel) {
+  const int64_t cols = 256 * 6;
+  std::vector<float> x = testing::GaussianVector(cols, 12);
+  for (int j = 0; j < 256; ++j) {
+    x[256 + j] = (j - 128) * 0.5f;                                          // ties after scaling
+    x[512 + j] = 0.0f;                                                      // all zero
+    x[768 + j] = j == 9 || j == 200 ? (j == 9 ? 4.0f : -4.0f) : 0.01f * j;  // equal extremes
+    x[1024 + j] *= 1e-30f;
+  }
+  std::vector<matmul_internal::KAct256> got(cols / 256), want(cols / 256);
+  matmul_internal::QuantizeActivationsQ8K(x.data(), cols, got.data());
+  matmul_internal::scalar::QuantizeActivationsQ8K(x.data(), cols, want.data());
+  for (int64_t b = 0; b < cols / 256; ++b)
+    EXPECT_EQ(0, std::memcmp(&got[b], &want[b], sizeof(got[b]))) << "super-block " << b;
+}
+
 // ---------------------------------------------------------------------------------------------
 // MatMul
 

@@ -87,7 +87,7 @@ void QuantizeBlock(const float* x, int32_t code_offset, ActPair* p, int half) {
   __m256 amax8 = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
     v[i] = _mm256_loadu_ps(x + 8 * i);
-    amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign_bit, v[i]));
+    amax8 = _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[i]), amax8);  // skips a NaN, as std::max
   }
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
