@@ -20,6 +20,9 @@ inline constexpr int64_t kF32MacsPerIteration = kPeakAccumulators * 16;
 // True when the loops below run the AVX-512 instructions; else they run their scalar twins,
 // which compute the same results in closed form and must not be timed (bench compute refuses).
 bool ComputePeakHasAvx512();
+// True when F32MacLoop runs 256-bit FMAs at least (the avx2 level: the int8 loop has no AVX2
+// form, AVX2 lacking vpdpbusd, and runs its twin there).
+bool ComputePeakHasAvx2Fma();
 
 // `iterations` of acc[j] += dot4(a, b[j % 4]) in each int32 lane (wrapping) from acc[j] = j,
 // with a and b derived from seed; returns the sum of every lane of every accumulator (wrapping).
