@@ -10,11 +10,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --arm64
 jobs=${KVSERVE_BUILD_JOBS:-$(nproc)}
+# What the runs need, checked before the (long) cross build.
+command -v qemu-aarch64 >/dev/null || { echo "no qemu-aarch64 (Debian's qemu-user)"; exit 1; }
+[ -e /lib/ld-linux-aarch64.so.1 ] || { echo "no /lib/ld-linux-aarch64.so.1 (libc6:arm64)"; exit 1; }
 [ -f build-arm64/build.ninja ] || cmake -S . -B build-arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DKVSERVE_UNITY_BUILD=ON >/dev/null
 echo "== cross-building kvserve and kernels_test for aarch64"
 cmake --build build-arm64 -j "$jobs" --target kvserve kernels_test
-file build-arm64/kvserve | grep -q 'ARM aarch64' || { echo "build-arm64/kvserve is not an ARM64 binary"; exit 1; }
+# An ELF64 binary's e_machine (bytes 18-19) is 0xb7 0x00 for AArch64.
+[ "$(od -An -tx1 -j18 -N2 build-arm64/kvserve | tr -d ' ')" = b700 ] ||
+  { echo "build-arm64/kvserve is not an ARM64 binary"; exit 1; }
 # The loader and libc must come from one glibc build: libc.so.6 reaches into ld.so's private
 # _rtld_global (GLIBC_PRIVATE: no ABI between two builds, even of one version). With -L
 # /usr/aarch64-linux-gnu the loader was the cross package's (libc6-arm64-cross 2.36-8cross1,
@@ -24,10 +29,12 @@ file build-arm64/kvserve | grep -q 'ARM aarch64' || { echo "build-arm64/kvserve 
 # libc (no syscall), so anything that started a thread (a model load's pool, the matmul tests)
 # never finished. -L / takes the loader, libc and every library from the arm64 multiarch packages.
 run=(qemu-aarch64 -L /)
-"${run[@]}" build-arm64/kvserve --version
+timeout 60 "${run[@]}" build-arm64/kvserve --version || { echo "kvserve --version failed under qemu"; exit 1; }
 models=${KVSERVE_TEST_MODELS:-../shared/models}
 fail=0
 checks=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 # The kernel tests that take minutes under emulation (MatMul.LargeMatrices, the attention walks
 # over every query count, type and head size, the quantized-attention sweep: about 8 minutes a
 # level) are left to native runs; the rest, the thread-pool matmul tests included, run here.
@@ -45,10 +52,15 @@ for level in neon scalar; do
   if [ -f "$models/stories260K.gguf" ]; then
     # Two threads: the load and the matmuls run on the thread pool, as they do natively.
     expected=$(awk '/^text:/{f=1;next} f' "$models/stories260K.greedy256.expected.txt")
+    rc=0
     got=$(KVSERVE_ISA=$level timeout 300 "${run[@]}" build-arm64/kvserve generate \
-          -m "$models/stories260K.gguf" -p "" -n 256 --temp 0 -t 2 2>/dev/null || true)
+          -m "$models/stories260K.gguf" -p "" -n 256 --temp 0 -t 2 2>"$log") || rc=$?
     checks=$((checks + 1))
-    if [ "$got" = "$expected" ]; then echo "golden greedy output at $level: same"; else
+    if [ $rc -ne 0 ]; then
+      echo "golden generation at $level failed (exit $rc$([ $rc = 124 ] && echo ', timed out after 300 s')):"
+      tail -5 "$log"
+      fail=$((fail + 1))
+    elif [ "$got" = "$expected" ]; then echo "golden greedy output at $level: same"; else
       echo "golden greedy output at $level differs:"; diff <(echo "$expected") <(echo "$got") | head -5
       fail=$((fail + 1))
     fi

@@ -260,7 +260,7 @@ TEST(Quantize, MatrixQuantizesEachRow) {
 // every level) gives QuantizeRow(kQ8_0)'s codes and scale bit for bit, ties included: values
 // exactly halfway between two codes, zeros, one signed extreme, tiny and huge magnitudes.
 TEST(Quantize, ActivationsOfTheLevelInForceMatchTheQ8_0Row) {
-  const int64_t cols = 32 * 8;
+  const int64_t cols = 32 * 12;
   std::vector<float> x = testing::GaussianVector(cols, 11);
   for (int j = 0; j < 32; ++j) {
     x[32 + j] = (j - 16) + 0.5f;                   // block 1: amax 16.5, ties at many codes
@@ -269,7 +269,13 @@ TEST(Quantize, ActivationsOfTheLevelInForceMatchTheQ8_0Row) {
     x[128 + j] *= 1e-30f;                          // block 4: tiny
     x[160 + j] *= 1e30f;                           // block 5: huge
     x[192 + j] = 127.0f * (j % 2 ? 1 : -1) * (j / 32.0f);
+    // Not finite after scaling: code 0 everywhere (a NaN, an Inf, 1 / d overflowing).
+    x[256 + j] = 0.1f * (j % 7 - 3);
+    x[288 + j] = j == 3 ? -std::numeric_limits<float>::infinity() : 0.5f;
+    x[320 + j] = 1e-37f * (j - 9);
+    x[352 + j] = std::numeric_limits<float>::quiet_NaN();
   }
+  x[256 + 5] = std::numeric_limits<float>::quiet_NaN();
   std::vector<BlockQ8_0> want(cols / 32);
   QuantizeRow(DType::kQ8_0, x.data(), want.data(), cols);
   for (int32_t offset : {0, 8, 128}) {
@@ -277,7 +283,10 @@ TEST(Quantize, ActivationsOfTheLevelInForceMatchTheQ8_0Row) {
     matmul_internal::QuantizeActivationsFlat(x.data(), cols, offset, got.data());
     for (int64_t b = 0; b < cols / 32; ++b) {
       EXPECT_EQ(0, std::memcmp(got[b].qs, want[b].qs, 32)) << "block " << b;
-      EXPECT_EQ(got[b].scale, F16ToF32(want[b].d)) << "block " << b;
+      const float want_scale = F16ToF32(want[b].d);
+      EXPECT_TRUE(got[b].scale == want_scale ||
+                  (std::isnan(got[b].scale) && std::isnan(want_scale)))
+          << "block " << b << ": " << got[b].scale << " vs " << want_scale;
       int32_t sum = 0;
       for (int j = 0; j < 32; ++j) sum += want[b].qs[j];
       EXPECT_EQ(got[b].bias, -offset * sum) << "block " << b << " offset " << offset;
@@ -288,19 +297,30 @@ TEST(Quantize, ActivationsOfTheLevelInForceMatchTheQ8_0Row) {
 // The same for the K-quant kernels' 256-value activations (QuantizeActivationsQ8K): the level in
 // force against the scalar level's, every byte of every super-block.
 TEST(Quantize, Q8KActivationsOfTheLevelInForceMatchTheScalarLevel) {
-  const int64_t cols = 256 * 6;
+  const int64_t cols = 256 * 9;
   std::vector<float> x = testing::GaussianVector(cols, 12);
   for (int j = 0; j < 256; ++j) {
     x[256 + j] = (j - 128) * 0.5f;                                          // ties after scaling
     x[512 + j] = 0.0f;                                                      // all zero
     x[768 + j] = j == 9 || j == 200 ? (j == 9 ? 4.0f : -4.0f) : 0.01f * j;  // equal extremes
     x[1024 + j] *= 1e-30f;
+    x[1536 + j] = 0.1f * (j % 7 - 3);  // with one NaN below
+    x[1792 + j] = j == 40 ? std::numeric_limits<float>::infinity() : 0.25f;
+    x[2048 + j] = 1e-37f * (j - 100);  // -127 / max overflows
   }
+  x[1536 + 5] = std::numeric_limits<float>::quiet_NaN();
   std::vector<matmul_internal::KAct256> got(cols / 256), want(cols / 256);
   matmul_internal::QuantizeActivationsQ8K(x.data(), cols, got.data());
   matmul_internal::scalar::QuantizeActivationsQ8K(x.data(), cols, want.data());
-  for (int64_t b = 0; b < cols / 256; ++b)
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    // Bytes, so that a NaN scale compares equal to itself.
     EXPECT_EQ(0, std::memcmp(&got[b], &want[b], sizeof(got[b]))) << "super-block " << b;
+    for (int i = 0; i < 256; ++i) {
+      if (!std::isfinite(x[256 * b + i])) {
+        EXPECT_EQ(got[b].qs[i], 0) << "super-block " << b << " value " << i;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

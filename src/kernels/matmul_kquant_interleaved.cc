@@ -42,8 +42,11 @@ namespace {
     }
     const float iscale = -127.0f / max;
     for (int i = 0; i < kSuperBlock; ++i) {
-      a.qs[i] =
-          static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * xb[i]))));
+      // Not finite (NaN or Inf in the block, or -127 / max overflowing): code 0 at every level.
+      const float v = iscale * xb[i];
+      a.qs[i] = std::isfinite(v)
+                    ? static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(v))))
+                    : int8_t{0};
     }
     a.d = 1.0f / iscale;
     for (int k = 0; k < 16; ++k) {
@@ -275,7 +278,8 @@ void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
     __m512 amax_v = _mm512_setzero_ps();
     for (int i = 0; i < 16; ++i) {
       v[i] = _mm512_loadu_ps(xb + 16 * i);
-      amax_v = _mm512_max_ps(amax_v, _mm512_abs_ps(v[i]));
+      // max_ps gives its second operand where either is NaN: a NaN is skipped, as in the twin.
+      amax_v = _mm512_max_ps(_mm512_abs_ps(v[i]), amax_v);
     }
     const float amax = _mm512_reduce_max_ps(amax_v);
     if (amax == 0.0f) {
@@ -295,9 +299,13 @@ void QuantizeActivationsQ8K(const float* x, int64_t cols, KAct256* dst) {
     const float iscale = -127.0f / max;
     int32_t sum16[16];
     for (int i = 0; i < 16; ++i) {
-      // cvtps rounds half to even under the default rounding mode, like nearbyint.
-      const __m512i q = _mm512_min_epi32(
-          _mm512_cvtps_epi32(_mm512_mul_ps(v[i], _mm512_set1_ps(iscale))), _mm512_set1_epi32(127));
+      // cvtps rounds half to even under the default rounding mode, like nearbyint; a value that
+      // is not finite gets code 0, as in the twin.
+      const __m512 scaled = _mm512_mul_ps(v[i], _mm512_set1_ps(iscale));
+      const __mmask16 finite =
+          _mm512_cmp_ps_mask(_mm512_abs_ps(scaled), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+      const __m512i q = _mm512_maskz_mov_epi32(
+          finite, _mm512_min_epi32(_mm512_cvtps_epi32(scaled), _mm512_set1_epi32(127)));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(a.qs + 16 * i), _mm512_cvtepi32_epi8(q));
       sum16[i] = _mm512_reduce_add_epi32(q);
     }

@@ -51,7 +51,10 @@ inline __m512i RoundAwayToInt(__m512 v) {
 
 void QuantizeBlock(const float* x, int32_t code_offset, ActPair* p, int half) {
   __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  // max_ps gives its second operand where either is NaN: NaNs are skipped, as by the twin's
+  // std::max (their codes are 0: cvtt gives INT_MIN, whose low byte cvtepi32_epi8 keeps).
+  const float amax = _mm512_reduce_max_ps(
+      _mm512_max_ps(_mm512_abs_ps(v0), _mm512_max_ps(_mm512_abs_ps(v1), _mm512_setzero_ps())));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   __m512i q0 = RoundAwayToInt(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
@@ -69,14 +72,18 @@ void QuantizeBlock(const float* x, int32_t code_offset, ActPair* p, int half) {
 
 #elif defined(KVS_ISA_AVX2)
 
-// std::round (halves away from zero) of 8 floats, as int32: the scalar twin's rounding exactly.
+// std::round (halves away from zero) of 8 floats, as int32, and 0 where v is not finite: the
+// scalar twin's codes exactly.
 inline __m256i RoundAwayToInt(__m256 v) {
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
   const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
   const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(v, t));  // |v - t|, exact
   const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
   const __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign_bit), _mm256_set1_ps(1.0f));
-  return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, one)));
+  const __m256 finite =
+      _mm256_cmp_ps(_mm256_andnot_ps(sign_bit, v), _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
+  return _mm256_and_si256(_mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, one))),
+                          _mm256_castps_si256(finite));
 }
 
 // QuantizeRow(kQ8_0)'s block, vectorized with the same arithmetic (one multiply by 1 / d, round

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/matmul_internal.h"
 #include "tensor/kquants.h"
 #include "tensor/quantize.h"
@@ -124,16 +125,37 @@ void UnpackQ5_K(const uint8_t* gb, int lane, BlockQ5_K* b) {
       }
 }
 
-// Q6_K group-block (3360 bytes): d[16] (f16), scales [16 sub-blocks][16 rows] (int8), 32 chunks
-// of low nibbles (chunk c: values 4c.. low, 128+4c.. high), then 16 chunks of top bits (chunk
-// m, byte j: bits 2i..2i+1 belong to value 64i + 4m + j).
+// Q6_K group-block (3360 bytes): d[16] (f16), scales [16 sub-blocks][16 rows] (int8), then the
+// codes in one of two forms, by the level in force (each level's tile reads its own):
+// - AVX-512: 32 chunks of low nibbles (chunk c: values 4c.. low, 128+4c.. high), then 16 chunks
+//   of top bits (chunk m, byte j: bits 2i..2i+1 belong to value 64i + 4m + j).
+// - AVX2: per m (0..15) three chunks b0, b1, b2 (64 bytes each, byte 4 * lane + j): with
+//   v_i = the code of value 64i + 4m + j, b_p = v_p | (bits 2p..2p+1 of v3) << 6, so that v0..v2
+//   are one mask each and v3 three shifts and masks (17 operations for the four in the other
+//   form, 11 in this one: the AVX2 tile is bound by them).
 constexpr size_t kQ6KScales = 32, kQ6KLow = 288, kQ6KHigh = 2336;
+
+bool Q6KAvx2Form() {
+  return ActiveIsa() == Isa::kAvx2;
+}
 
 void PackQ6_K(const BlockQ6_K& b, int lane, uint8_t* gb) {
   std::memcpy(gb + 2 * lane, &b.d, 2);
   for (int k = 0; k < 16; ++k) gb[kQ6KScales + 16 * k + lane] = static_cast<uint8_t>(b.scales[k]);
   uint8_t code[kSuperBlock];
   for (int i = 0; i < kSuperBlock; ++i) code[i] = static_cast<uint8_t>(Q6KCode(b, i));
+  if (Q6KAvx2Form()) {
+    for (int m = 0; m < 16; ++m) {
+      for (int j = 0; j < 4; ++j) {
+        const int v3 = code[192 + 4 * m + j];
+        for (int p = 0; p < 3; ++p) {
+          gb[kQ6KLow + 192 * m + 64 * p + 4 * lane + j] =
+              static_cast<uint8_t>(code[64 * p + 4 * m + j] | (((v3 >> (2 * p)) & 3) << 6));
+        }
+      }
+    }
+    return;
+  }
   for (int c = 0; c < 32; ++c)
     for (int j = 0; j < 4; ++j)
       gb[kQ6KLow + 64 * c + 4 * lane + j] =
@@ -151,10 +173,20 @@ void UnpackQ6_K(const uint8_t* gb, int lane, BlockQ6_K* b) {
   std::memset(b, 0, sizeof(*b));
   std::memcpy(&b->d, gb + 2 * lane, 2);
   for (int k = 0; k < 16; ++k) b->scales[k] = static_cast<int8_t>(gb[kQ6KScales + 16 * k + lane]);
+  const bool avx2_form = Q6KAvx2Form();
   for (int i = 0; i < kSuperBlock; ++i) {
-    const int c = (i % 128) / 4, j = i % 4, m = (i % 64) / 4;
+    const int m = (i % 64) / 4, j = i % 4, p = i / 64;
+    if (avx2_form) {
+      const uint8_t* chunks = gb + kQ6KLow + 192 * m + 4 * lane + j;
+      const int code =
+          p < 3 ? chunks[64 * p] & 63
+                : (chunks[0] >> 6) | ((chunks[64] >> 6) << 2) | ((chunks[128] >> 6) << 4);
+      SetQ6KCode(b, i, code);
+      continue;
+    }
+    const int c = (i % 128) / 4;
     const int low = (gb[kQ6KLow + 64 * c + 4 * lane + j] >> (4 * (i / 128))) & 0xF;
-    const int high = (gb[kQ6KHigh + 64 * m + 4 * lane + j] >> (2 * (i / 64))) & 3;
+    const int high = (gb[kQ6KHigh + 64 * m + 4 * lane + j] >> (2 * p)) & 3;
     SetQ6KCode(b, i, low | (high << 4));
   }
 }

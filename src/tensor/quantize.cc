@@ -20,7 +20,12 @@ void QuantizeBlockQ8_0(const float* x, BlockQ8_0* y) {
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   y->d = F32ToF16(d);
-  for (int j = 0; j < 32; ++j) y->qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  for (int j = 0; j < 32; ++j) {
+    // A value that does not scale to a finite number (NaN or Inf in the block, or 1 / d
+    // overflowing for a block below ~1e-37) gets code 0, at every kernel level alike.
+    const float v = x[j] * id;
+    y->qs[j] = std::isfinite(v) ? static_cast<int8_t>(std::round(v)) : int8_t{0};
+  }
 }
 
 void QuantizeBlockQ4_0(const float* x, BlockQ4_0* y) {
