@@ -82,6 +82,8 @@ expect_error "--kv-memory too small" "need at least" "$BIN" generate -m "$S" -n 
 expect_error "-np 0" "parallel" "$BIN" generate -m "$S" -n 4 -np 0
 expect_error "--max-step-ms nan" "max-step-ms" "$BIN" generate -m "$S" -n 4 --max-step-ms nan
 expect_error "--max-step-ms -1" "max-step-ms" "$BIN" generate -m "$S" -n 4 --max-step-ms -1
+"$BIN" --help 2>&1 | grep -q "^Usage: kvserve \[OPTIONS\] SUBCOMMAND" && pass "--help names the program" ||
+  fail "--help usage line: $("$BIN" --help 2>&1 | grep Usage)"
 # bench compute: the JSON alone on stdout (int8 timed at avx512 only, null at avx2), or at the
 # scalar level a refusal saying so.
 rc=0; "$BIN" bench compute -t 1 --json >"$TMP/compute" 2>"$TMP/compute.err" || rc=$?

@@ -555,6 +555,27 @@ TEST(ZmqKvEventPublisher, BadEndpointsAreErrorsNamingThem) {
   EXPECT_FALSE(ZmqKvEventPublisher::Open(config).ok());
 }
 
+// ZeroMQ would bind 99999 as 34463 and 0 as any port, silently: both flags refuse such ports,
+// as --kv-redis does, naming the flag and the endpoint.
+TEST(ZmqKvEventPublisher, PortsOutsideOneTo65535AreRefused) {
+  for (const char* endpoint :
+       {"tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1:", "tcp://127.0.0.1",
+        "tcp://[::1]:70000", "tcp://127.0.0.1:-1", "tcp://127.0.0.1:0005557x"}) {
+    ZmqKvEventPublisherConfig config;
+    config.endpoint = endpoint;
+    auto pub = ZmqKvEventPublisher::Open(config);
+    ASSERT_FALSE(pub.ok()) << endpoint;
+    EXPECT_NE(pub.error().find(std::string("--kv-events ") + endpoint), std::string::npos)
+        << pub.error();
+    config.endpoint = "tcp://127.0.0.1:*";
+    config.replay_endpoint = endpoint;
+    pub = ZmqKvEventPublisher::Open(config);
+    ASSERT_FALSE(pub.ok()) << endpoint;
+    EXPECT_NE(pub.error().find(std::string("--kv-events-replay ") + endpoint), std::string::npos)
+        << pub.error();
+  }
+}
+
 TEST(ZmqKvEventPublisher, AutoModeBindsLocalAddressesAndConnectsOthers) {
   EXPECT_TRUE(KvEventEndpointAlwaysBinds("tcp://*:5557"));
   EXPECT_TRUE(KvEventEndpointAlwaysBinds("tcp://[::]:5557"));

@@ -11,7 +11,7 @@
 #include "kernels/cpu_isa.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"kvserve: an LLM inference engine built around the KV cache"};
+  CLI::App app{"kvserve: an LLM inference engine built around the KV cache", "kvserve"};
   app.require_subcommand(1);
   // Later flags override earlier ones (scripts pass defaults, users append their own).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

@@ -40,6 +40,29 @@ double WallSeconds() {
 
 // ZeroMQ reports errors by throwing zmq::error_t; only bind and connect failures are expected
 // (bad endpoints, ports in use), and they become a Status naming the endpoint.
+// A tcp:// endpoint's port must be 1-65535, or "*" (a free one, logged once bound): ZeroMQ itself
+// takes 99999 as 34463 (modulo 65536) and 0 as "any port", without a word.
+Status CheckTcpPort(const std::string& endpoint, const char* flag) {
+  if (!endpoint.starts_with("tcp://")) return Status::Ok();
+  const size_t colon = endpoint.rfind(':');
+  const size_t bracket = endpoint.rfind(']');
+  if (colon == std::string::npos || colon < 6 ||
+      (bracket != std::string::npos && colon < bracket)) {
+    return Status::Error(StrFormat("%s %s: no port (tcp://HOST:PORT)", flag, endpoint.c_str()));
+  }
+  const std::string port = endpoint.substr(colon + 1);
+  if (port == "*") return Status::Ok();
+  long value = 0;
+  bool digits = !port.empty() && port.size() <= 5;
+  for (char c : port) digits = digits && c >= '0' && c <= '9';
+  if (digits) value = std::stol(port);
+  if (!digits || value < 1 || value > 65535) {
+    return Status::Error(
+        StrFormat("%s %s: the port must be 1-65535 (or * for a free one)", flag, endpoint.c_str()));
+  }
+  return Status::Ok();
+}
+
 Status BindOrConnect(zmq::socket_t& socket, const std::string& endpoint, KvEventEndpointMode mode,
                      const char* role, bool* bound) {
   if (endpoint.find('[') != std::string::npos) socket.set(zmq::sockopt::ipv6, 1);
@@ -96,6 +119,8 @@ ZmqKvEventPublisher::ZmqKvEventPublisher(ZmqKvEventPublisherConfig config)
 Expected<std::unique_ptr<ZmqKvEventPublisher>> ZmqKvEventPublisher::Open(
     ZmqKvEventPublisherConfig config) {
   if (config.endpoint.empty()) return Status::Error("kv events: no endpoint");
+  KVS_RETURN_IF_ERROR(CheckTcpPort(config.endpoint, "--kv-events"));
+  KVS_RETURN_IF_ERROR(CheckTcpPort(config.replay_endpoint, "--kv-events-replay"));
   if (config.buffer_steps < 0 || config.hwm < 0 || config.max_queue < 1 || config.linger_ms < 0) {
     return Status::Error(
         StrFormat("kv events: bad limits (buffer_steps %d, hwm %d, max_queue %d, linger_ms %d)",
@@ -108,6 +133,9 @@ Expected<std::unique_ptr<ZmqKvEventPublisher>> ZmqKvEventPublisher::Open(
     return Status::Error(StrFormat("kv events: eventfd: %s", std::strerror(errno)));
   }
   p->thread_ = std::thread([raw = p.get()] { raw->Loop(); });
+  KVS_LOG_INFO("kv events: publishing on %s (%s)%s%s", p->endpoint_.c_str(),
+               p->bound_ ? "bound" : "connected", p->replay_endpoint_.empty() ? "" : ", replay on ",
+               p->replay_endpoint_.c_str());
   return p;
 }
 
