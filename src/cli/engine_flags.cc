@@ -168,7 +168,7 @@ void AddKvDiskFlags(CLI::App* cmd, EngineFlags* f) {
         return "";
       });
   cmd->add_option("--kv-disk-size", f->kv_disk_size,
-                  "Disk tier: most bytes it keeps, least recently used dropped first (20G, "
+                  "Disk tier: most bytes it keeps, least recently used dropped first (20G, 1T, "
                   "512M; default: 20G or the free space, whichever is less)");
   f->kv_disk_policy_flag =
       cmd->add_option("--kv-disk-policy", o.kv_disk_policy,
@@ -264,7 +264,8 @@ void AddModelFlags(CLI::App* cmd, kvserve::ModelOptions* options) {
                 "file); refuse the model if one is found");
 }
 
-bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error) {
+bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error,
+                     const char* flag) {
   size_t used = 0;
   double value = 0;
   try {
@@ -283,13 +284,19 @@ bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error
     scale = 1024.0 * 1024;
   } else if (unit == "G" || unit == "GB" || unit == "GIB") {
     scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "T" || unit == "TB" || unit == "TIB") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
   } else if (unit == "%") {
     if (value > 100) used = 0;
     scale = AvailableRamBytes() / 100.0;
   }
-  if (used == 0 || scale == 0 || !std::isfinite(value) || value <= 0 || value * scale > 1e15) {
-    *error = "--kv-memory '" + text +
-             "': expected a size such as 512M, 4G, 2GiB or 25% (of the available RAM)";
+  if (used == 0 || scale == 0 || !std::isfinite(value) || value <= 0) {
+    *error = std::string(flag) + " '" + text +
+             "': expected a positive size such as 512M, 4G, 2GiB, 1T or 25% (of the available RAM)";
+    return false;
+  }
+  if (value * scale > 1e15) {
+    *error = std::string(flag) + " '" + text + "': too large (it overflows; at most 1e15 bytes)";
     return false;
   }
   *bytes = static_cast<int64_t>(value * scale);
@@ -345,12 +352,16 @@ bool ResolveSpecFlags(EngineFlags* f) {
 bool ResolveKvMemory(EngineFlags* f) {
   std::string error;
   if (!f->kv_disk_size.empty()) {
-    if (f->kv_disk_size.find('%') != std::string::npos ||
-        !ParseMemorySize(f->kv_disk_size, &f->options.kv_disk_size, &error) ||
-        f->options.kv_disk_size <= 0) {
-      std::fprintf(stderr,
-                   "error: --kv-disk-size '%s': expected a positive size such as 20G or 512M\n",
-                   f->kv_disk_size.c_str());
+    if (f->kv_disk_size.find('%') != std::string::npos) {
+      std::fprintf(
+          stderr,
+          "error: --kv-disk-size '%s': expected a positive size such as 20G, 512M or 1T (not a "
+          "share of RAM)\n",
+          f->kv_disk_size.c_str());
+      return false;
+    }
+    if (!ParseMemorySize(f->kv_disk_size, &f->options.kv_disk_size, &error, "--kv-disk-size")) {
+      std::fprintf(stderr, "error: %s\n", error.c_str());
       return false;
     }
   }

@@ -60,7 +60,9 @@ bool ResolveKvMemory(EngineFlags* flags);
 // false, with the error on stderr, otherwise.
 bool ResolveSpecFlags(EngineFlags* flags);
 
-// "512M", "2GiB", "1e9", "25%" (of the available RAM) -> bytes; false when malformed.
-bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error);
+// "512M", "2GiB", "1e9", "2T", "25%" (of the available RAM) -> bytes; false, with an error naming
+// flag, when malformed or above 1e15 bytes.
+bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error,
+                     const char* flag = "--kv-memory");
 
 }  // namespace kvs::cli
