@@ -155,6 +155,9 @@ printf 'Once upon a time, there was a little girl named Lily. She loved to play 
   [ "$(field '[d["name"] for d in j]' <"$TMP/ls.json")" = "['lily']" ] && pass "kv ls" || fail "kv ls: $(cat "$TMP/ls.json")"
 "$BIN" kv save -m "$MODEL" -f "$TMP/doc.txt" --kv-disk "$DISK" --name ../x >/dev/null 2>"$TMP/err"
 [ $? -eq 1 ] && grep -q "name" "$TMP/err" && pass "kv save --name ../x refused" || fail "kv save ../x: $(cat "$TMP/err")"
+"$BIN" kv save -m "$MODEL" -f "$TMP/doc.txt" --kv-disk "$DISK" --name long -c 16 >/dev/null 2>"$TMP/err"
+[ $? -eq 1 ] && grep -q "context (-c) holds 16" "$TMP/err" && pass "kv save refuses a document longer than -c" ||
+  fail "kv save -c 16: $(cat "$TMP/err")"
 "$BIN" kv rm --kv-disk "$DISK" --name lily 2>/dev/null && "$BIN" kv ls --kv-disk "$DISK" --json >"$TMP/ls.json" &&
   [ "$(cat "$TMP/ls.json")" = "[]" ] && pass "kv rm" || fail "kv rm: $(cat "$TMP/ls.json")"
 "$BIN" kv rm --kv-disk "$DISK" --name lily >/dev/null 2>&1

@@ -60,8 +60,15 @@ int RunSave(KvArgs a) {
   kvserve::EngineOptions o = a.engine.options;
   o.kv_disk = a.dir;
   o.n_parallel = 1;
-  if (o.n_ctx == 0 || static_cast<int64_t>(tokens.size()) + 1 > o.n_ctx) {
-    o.n_ctx = static_cast<int32_t>(tokens.size()) + 16;  // room for the document
+  if (o.n_ctx == 0) o.n_ctx = model->n_ctx_train();
+  // As the server answers a longer document with 400: a document is a prompt of this context,
+  // the one the engine that loads it runs with.
+  if (static_cast<int64_t>(tokens.size()) + 1 > o.n_ctx) {
+    std::fprintf(stderr,
+                 "error: the document has %zu tokens and the context (-c) holds %d (the prompt "
+                 "and one token): raise -c, as the server that loads it must run with\n",
+                 tokens.size(), o.n_ctx);
+    return 1;
   }
   auto engine = kvserve::Engine::Start(model, o, &error);
   if (!engine) {
