@@ -549,6 +549,41 @@ TEST_F(ServerTest, DisconnectMidStreamFreesBlocksAndOverloadGets503) {
   EXPECT_EQ(status, 200) << body.dump();
 }
 
+// TTFT goes to /metrics at the first token (as vLLM records it), not when the request ends: read
+// while a long stream still runs, the histogram already counts it.
+TEST_F(ServerTest, TimeToFirstTokenIsRecordedWhileTheStreamRuns) {
+  ServerOptions o;
+  o.engine.n_ctx = 4000;
+  Start(o);
+  std::atomic<int> chunks{0};
+  double ttft_count = -1, running = -1;
+  httplib::Client streamer("127.0.0.1", port_);
+  std::thread t([&] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{
+        {"prompt", "Once upon a time"},
+        {"max_tokens", 3900},
+        {"stream", true},
+        {"temperature", 0},
+        {"ignore_eos",
+         true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      if (++chunks == 2) {
+        ttft_count = Metric("time_to_first_token_seconds_count");
+        running = Metric("num_requests_running");
+      }
+      return chunks < 3;  // hang up
+    };
+    streamer.send(req);
+  });
+  t.join();
+  EXPECT_EQ(running, 1) << "the stream had ended before /metrics was read";
+  EXPECT_EQ(ttft_count, 1);
+}
+
 // Chat formats: recognised from real templates' markers, rendered with the family's tokens.
 TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
   EXPECT_EQ(DetectChatFormat("{% for m in messages %}<|im_start|>{{m.role}}"), ChatFormat::kChatML);
@@ -585,7 +620,11 @@ TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
 // free-but-cached blocks are /metrics' free ones), the prompt's full blocks show as cached after
 // the request, and a request being streamed is listed with its tokens and block table.
 TEST_F(ServerTest, KvStateAgreesWithMetricsAndListsRunningRequests) {
-  Start();
+  // A long context: the streamed request below must still run when its first chunk arrives
+  // (stories260K makes 300 tokens in well under the time a state read took on a busy machine).
+  ServerOptions o;
+  o.engine.n_ctx = 8192;
+  Start(o);
   const std::string prompt =
       "Once upon a time there was a little girl named Lily. She liked to play in the park with "
       "her friends every day after school.";
@@ -618,7 +657,7 @@ TEST_F(ServerTest, KvStateAgreesWithMetricsAndListsRunningRequests) {
   httplib::Client streamer("127.0.0.1", port_);
   json seen;
   const json body = {
-      {"prompt", prompt}, {"max_tokens", 300}, {"stream", true}, {"ignore_eos", true}};
+      {"prompt", prompt}, {"max_tokens", 8000}, {"stream", true}, {"ignore_eos", true}};
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";

@@ -38,6 +38,7 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
   if (e.token >= 0) {
     if (ttft_s_ < 0) {
       ttft_s_ = std::chrono::duration<double>(now - start_).count();
+      if (metrics_) metrics_->RecordTimeToFirstToken(ttft_s_);
     } else if (e.choice == 0 && metrics_) {
       metrics_->RecordInterTokenGap(std::chrono::duration<double>(now - last_token_).count());
     }
@@ -234,7 +235,7 @@ void CompletionCall::RecordMetrics(bool ok) {
   if (!metrics_) return;
   int64_t completion = 0;
   for (const Choice& c : choices_) completion += c.tokens;
-  metrics_->RecordRequest(prompt_tokens_, completion, ttft_s_,
+  metrics_->RecordRequest(prompt_tokens_, completion,
                           std::chrono::duration<double>(Clock::now() - start_).count(), ok);
 }
 

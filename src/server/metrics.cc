@@ -74,14 +74,18 @@ Metrics::Metrics()
       e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
             240.0}) {}
 
-void Metrics::RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double ttft_s,
-                            double e2e_s, bool ok) {
+void Metrics::RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double e2e_s,
+                            bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
   prompt_tokens_ += prompt_tokens;
   generation_tokens_ += generation_tokens;
   (ok ? requests_ok_ : requests_failed_) += 1;
-  if (ttft_s >= 0) ttft_.Observe(ttft_s);
   e2e_.Observe(e2e_s);
+}
+
+void Metrics::RecordTimeToFirstToken(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ttft_.Observe(seconds);
 }
 
 void Metrics::RecordInterTokenGap(double seconds) {

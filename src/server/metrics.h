@@ -33,8 +33,9 @@ class Histogram {
 class Metrics {
  public:
   Metrics();
-  void RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double ttft_s, double e2e_s,
-                     bool ok);
+  void RecordRequest(int64_t prompt_tokens, int64_t generation_tokens, double e2e_s, bool ok);
+  // At a request's first token, not its end (as vLLM): a stream's TTFT shows while it runs.
+  void RecordTimeToFirstToken(double seconds);
   void RecordInterTokenGap(double seconds);  // time per output token, one per gap
   std::string Render(const kvserve::EngineStats& engine, const std::string& model,
                      const http::HttpServer::Stats& connections = {}) const;
