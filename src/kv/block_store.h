@@ -1,7 +1,8 @@
-// Where KV blocks live below the RAM pool (issue #20's disk tier; later a Redis tier): a store of
-// block files (kv/block_file.h) keyed by the block's chain hash. Small on purpose: contains, put,
-// get, erase. A store keeps bytes; checking them (checksum, identity) is the reader's job
-// (DecodeBlockFile), so every tier is checked the same way.
+// Where KV blocks live below the RAM pool: a store keyed by the block's chain hash (here the disk
+// tier's, of block files, kv/block_file.h; RedisBlockStore in kv/redis_block_store.h is the Redis
+// tier's). Small on purpose: contains, put, get, erase. A store keeps bytes; checking them
+// (checksum, identity) is the reader's job (DecodeBlockFile), so every tier is checked the same
+// way.
 #pragma once
 
 #include <cstdint>

@@ -102,7 +102,7 @@ class KvCacheManager {
   // its head (which is the part another request is most likely to share, issue #6).
   void Free(SeqId seq);
 
-  // Rolls the sequence back to its first n_tokens positions (rejected draft tokens, later).
+  // Rolls the sequence back to its first n_tokens positions (a speculation's rejected drafts).
   // Every block past the new end loses this sequence's reference, released last-first to the
   // free-list tail as Free does; the table keeps hashes only for blocks still full. The rule
   // for the prefix index: an indexed block is full in every table holding it, so no holder

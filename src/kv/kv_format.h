@@ -3,8 +3,8 @@
 // and the calibration they came from), RoPE, and the format version. One immutable object,
 // built by one factory (engine/kv_format_factory.h), owned by the KV storage and shared by
 // whatever reads its blocks. Its fingerprint is a digest of all of it: two caches whose formats
-// have the same fingerprint store interchangeable blocks, which is what the prefix-cache key
-// (and later a block stored on disk or shared between processes) relies on.
+// have the same fingerprint store interchangeable blocks, which is what the prefix-cache key and
+// the tiers (a block on disk, or shared between processes through Redis) rely on.
 #pragma once
 
 #include <cstdint>
