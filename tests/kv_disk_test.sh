@@ -166,7 +166,7 @@ printf 'Once upon a time, there was a little girl named Lily. She loved to play 
 # Flags and paths that make no sense are refused with a message naming the problem.
 "$BIN" kv ls --kv-disk "$TMP/nonexistent" >/dev/null 2>"$TMP/err"
 [ $? -eq 1 ] && grep -q "not a directory" "$TMP/err" && pass "kv ls of a missing directory: exit 1" || fail "kv ls missing: $(cat "$TMP/err")"
-for args in "--kv-disk-size abc --kv-disk $TMP/x|--kv-disk-size 'abc'" "--kv-disk-size 0 --kv-disk $TMP/x|positive size" "--kv-disk-size 99999999T --kv-disk $TMP/x|overflows" \
+for args in "--kv-disk-size abc --kv-disk $TMP/x|--kv-disk-size 'abc'" "--kv-disk-size 0 --kv-disk $TMP/x|positive size" "--kv-disk-size 99999999T --kv-disk $TMP/x|overflows" "--kv-disk-size 0.1 --kv-disk $TMP/x|less than one byte" \
             "--kv-disk-policy write-back|--kv-disk-policy is only used with --kv-disk" \
             "--kv-disk-codec zstd|--kv-disk-codec is only used with --kv-disk" "--kv-disk-size 1G|only used with --kv-disk" \
             "--kv-disk $TMP/x --kv-disk-size 1K|fewer than 4 blocks"; do

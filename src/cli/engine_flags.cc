@@ -300,6 +300,10 @@ bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error
     return false;
   }
   *bytes = static_cast<int64_t>(value * scale);
+  if (*bytes < 1) {  // under a byte: 0 would read as "the default" downstream
+    *error = std::string(flag) + " '" + text + "': less than one byte";
+    return false;
+  }
   return true;
 }
 

@@ -40,26 +40,39 @@ double WallSeconds() {
 
 // ZeroMQ reports errors by throwing zmq::error_t; only bind and connect failures are expected
 // (bad endpoints, ports in use), and they become a Status naming the endpoint.
-// A tcp:// endpoint's port must be 1-65535, or "*" (a free one, logged once bound): ZeroMQ itself
-// takes 99999 as 34463 (modulo 65536) and 0 as "any port", without a word.
-Status CheckTcpPort(const std::string& endpoint, const char* flag) {
-  if (!endpoint.starts_with("tcp://")) return Status::Ok();
-  const size_t colon = endpoint.rfind(':');
-  const size_t bracket = endpoint.rfind(']');
-  if (colon == std::string::npos || colon < 6 ||
-      (bracket != std::string::npos && colon < bracket)) {
-    return Status::Error(StrFormat("%s %s: no port (tcp://HOST:PORT)", flag, endpoint.c_str()));
-  }
-  const std::string port = endpoint.substr(colon + 1);
-  if (port == "*") return Status::Ok();
-  long value = 0;
-  bool digits = !port.empty() && port.size() <= 5;
-  for (char c : port) digits = digits && c >= '0' && c <= '9';
-  if (digits) value = std::stol(port);
-  if (!digits || value < 1 || value > 65535) {
-    return Status::Error(
-        StrFormat("%s %s: the port must be 1-65535 (or * for a free one)", flag, endpoint.c_str()));
-  }
+// A tcp://, ws:// or wss:// endpoint names a host and a port 1-65535, or "*" (a free one, logged
+// once bound): ZeroMQ itself takes 99999 as 34463 (modulo 65536) and 0 as "any port", and an empty
+// host binds nothing and then "connects" to nothing, all without a word. ZeroMQ's "SRC;DST" form
+// is two such addresses; ws's path after the port is ZeroMQ's business.
+Status CheckEndpointPort(const std::string& endpoint, const char* flag) {
+  const size_t scheme_end = endpoint.find("://");
+  if (scheme_end == std::string::npos) return Status::Ok();
+  const std::string scheme = endpoint.substr(0, scheme_end);
+  if (scheme != "tcp" && scheme != "ws" && scheme != "wss") return Status::Ok();
+  std::string rest = endpoint.substr(scheme_end + 3);
+  if (scheme != "tcp") rest = rest.substr(0, rest.find('/'));
+  const auto bad = [&](const char* why) {
+    return Status::Error(StrFormat("%s %s: %s", flag, endpoint.c_str(), why));
+  };
+  size_t begin = 0;
+  do {
+    const size_t semicolon = rest.find(';', begin);
+    const std::string address =
+        rest.substr(begin, semicolon == std::string::npos ? std::string::npos : semicolon - begin);
+    begin = semicolon == std::string::npos ? std::string::npos : semicolon + 1;
+    const size_t colon = address.rfind(':');
+    const size_t bracket = address.rfind(']');
+    if (colon == std::string::npos || (bracket != std::string::npos && colon < bracket)) {
+      return bad("no port (HOST:PORT)");
+    }
+    if (colon == 0) return bad("no host (HOST:PORT; * for every interface)");
+    const std::string port = address.substr(colon + 1);
+    if (port == "*") continue;
+    bool digits = !port.empty() && port.size() <= 5;
+    for (char c : port) digits = digits && c >= '0' && c <= '9';
+    const long value = digits ? std::stol(port) : 0;
+    if (value < 1 || value > 65535) return bad("the port must be 1-65535 (or * for a free one)");
+  } while (begin != std::string::npos);
   return Status::Ok();
 }
 
@@ -119,8 +132,8 @@ ZmqKvEventPublisher::ZmqKvEventPublisher(ZmqKvEventPublisherConfig config)
 Expected<std::unique_ptr<ZmqKvEventPublisher>> ZmqKvEventPublisher::Open(
     ZmqKvEventPublisherConfig config) {
   if (config.endpoint.empty()) return Status::Error("kv events: no endpoint");
-  KVS_RETURN_IF_ERROR(CheckTcpPort(config.endpoint, "--kv-events"));
-  KVS_RETURN_IF_ERROR(CheckTcpPort(config.replay_endpoint, "--kv-events-replay"));
+  KVS_RETURN_IF_ERROR(CheckEndpointPort(config.endpoint, "--kv-events"));
+  KVS_RETURN_IF_ERROR(CheckEndpointPort(config.replay_endpoint, "--kv-events-replay"));
   if (config.buffer_steps < 0 || config.hwm < 0 || config.max_queue < 1 || config.linger_ms < 0) {
     return Status::Error(
         StrFormat("kv events: bad limits (buffer_steps %d, hwm %d, max_queue %d, linger_ms %d)",
