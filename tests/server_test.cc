@@ -89,6 +89,28 @@ class ServerTest : public ::testing::Test {
     return false;
   }
 
+  // A long greedy stream ("Once upon a time", 3900 tokens, no stop at EOS) whose chunks go to
+  // on_chunk(count so far); the client hangs up when it returns false. Returns once it has.
+  void LongStream(const std::function<bool(int)>& on_chunk) {
+    httplib::Client streamer("127.0.0.1", port_);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{
+        {"prompt", "Once upon a time"},
+        {"max_tokens", 3900},
+        {"stream", true},
+        {"temperature", 0},
+        {"ignore_eos",
+         true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    int chunks = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      return on_chunk(++chunks);
+    };
+    streamer.send(req);
+  }
+
   std::unique_ptr<Server> server_;
   std::unique_ptr<httplib::Client> client_;
   int port_ = 0;
@@ -513,30 +535,16 @@ TEST_F(ServerTest, DisconnectMidStreamFreesBlocksAndOverloadGets503) {
   Start(o);
   const double total = Metric("kv_cache_blocks_total");
   // A long streamed request; the client reads two chunks and hangs up.
-  std::atomic<int> chunks{0};
   std::atomic<bool> second_refused{false};
-  httplib::Client streamer("127.0.0.1", port_);
   std::thread t([&] {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = json{
-        {"prompt", "Once upon a time"},
-        {"max_tokens", 3900},
-        {"stream", true},
-        {"temperature", 0},
-        {"ignore_eos",
-         true}}.dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-      if (++chunks == 2) {
+    LongStream([&](int chunks) {
+      if (chunks == 2) {
         // While it runs, the only seat (-np 1, no queue) is taken: a second request gets 503.
         auto r = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
         second_refused = r && r->status == 503 && r->body.find("overloaded") != std::string::npos;
       }
       return chunks < 3;  // hang up
-    };
-    streamer.send(req);
+    });
   });
   t.join();
   EXPECT_TRUE(second_refused);
@@ -555,29 +563,15 @@ TEST_F(ServerTest, TimeToFirstTokenIsRecordedWhileTheStreamRuns) {
   ServerOptions o;
   o.engine.n_ctx = 4000;
   Start(o);
-  std::atomic<int> chunks{0};
   double ttft_count = -1, running = -1;
-  httplib::Client streamer("127.0.0.1", port_);
   std::thread t([&] {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = json{
-        {"prompt", "Once upon a time"},
-        {"max_tokens", 3900},
-        {"stream", true},
-        {"temperature", 0},
-        {"ignore_eos",
-         true}}.dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-      if (++chunks == 2) {
+    LongStream([&](int chunks) {
+      if (chunks == 2) {
         ttft_count = Metric("time_to_first_token_seconds_count");
         running = Metric("num_requests_running");
       }
       return chunks < 3;  // hang up
-    };
-    streamer.send(req);
+    });
   });
   t.join();
   EXPECT_EQ(running, 1) << "the stream had ended before /metrics was read";
