@@ -96,24 +96,16 @@ void QuantizeBlock(const float* x, int32_t code_offset, ActPair* p, int half) {
     v[i] = _mm256_loadu_ps(x + 8 * i);
     amax8 = _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[i]), amax8);  // skips a NaN, as std::max
   }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  const float amax = _mm_cvtss_f32(m);
+  const float amax = simd::ReduceMax8(amax8);
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   __m256i q[4];
   for (int i = 0; i < 4; ++i) q[i] = RoundAwayToInt(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
-  // int32 -> int8 (|q| <= 127, no saturation); the packs interleave 128-bit lanes, the permute
-  // puts the values back in order.
-  const __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
-  const __m256i codes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b),
-                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256i codes = simd::PackInt32ToInt8(q);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p->qs + 32 * half), codes);
   const float d16 = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
   _mm256_storeu_ps(p->scale + 8 * half, _mm256_set1_ps(d16));
-  const __m256i lane_sums =
-      _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), codes), _mm256_set1_epi16(1));
+  const __m256i lane_sums = simd::DotU8S8(_mm256_set1_epi8(1), codes);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p->bias + 8 * half),
                       _mm256_mullo_epi32(lane_sums, _mm256_set1_epi32(-code_offset)));
 }

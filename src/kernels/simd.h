@@ -79,6 +79,22 @@ inline float ReduceAdd8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Largest of the eight lanes (no NaN among them: the callers' maxima skip NaNs).
+inline float ReduceMax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// 32 int32 values (q[0] first, each within [-128, 127]) as 32 int8 in order: the packs interleave
+// the 128-bit lanes, the permute puts them back.
+inline __m256i PackInt32ToInt8(const __m256i (&q)[4]) {
+  return _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // Sum of the eight int32 lanes.
 inline int32_t ReduceAddEpi32x8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -87,7 +103,6 @@ inline int32_t ReduceAddEpi32x8(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// Four int8 activations broadcast to every 32-bit lane.
 // Pins v to a register at this point of the program. GCC otherwise computes every product of
 // an unrolled sum `s = s + maddubs(...)` first and adds them up at the end, keeping all of them
 // live: a Q4_0 tile of 4 tokens spilled 78 ymm registers that way.
@@ -96,6 +111,7 @@ inline void KeepInRegister(V& v) {
   asm("" : "+x"(v));
 }
 
+// Four int8 activations broadcast to every 32-bit lane.
 inline __m256i Broadcast4x8(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
