@@ -334,6 +334,7 @@ TEST(MeasureTriCalibration, Stories260KQueryCentresMatchAnIndependentTap) {
   auto tok = Tokenizer::FromGguf((*model)->file());
   ASSERT_TRUE(tok.ok()) << tok.error();
   const ModelConfig& c = (*model)->config();
+  const RopeSpec& r = c.ropes[0];
   const std::vector<int32_t> tokens = KeyCalibrationTokens(tok->get(), c.n_vocab);
   ASSERT_GE(tokens.size(), 16u);
   ThreadPool pool(2);
@@ -345,27 +346,27 @@ TEST(MeasureTriCalibration, Stories260KQueryCentresMatchAnIndependentTap) {
   EXPECT_EQ(t.n_head, c.n_head);
   EXPECT_EQ(t.n_head_kv, c.n_head_kv);
   EXPECT_EQ(t.head_dim, c.head_dim_k);
-  EXPECT_EQ(t.n_rot, c.n_rot);
-  EXPECT_EQ(t.rope_neox, c.rope_neox);
+  EXPECT_EQ(t.n_rot, r.n_rot);
+  EXPECT_EQ(t.rope_neox, r.neox);
   ASSERT_EQ(t.query_mean.size(), size_t(c.n_layer) * c.n_head * c.head_dim_k);
   for (float v : t.query_mean) ASSERT_TRUE(std::isfinite(v));
 
   // θ_i from the RoPE definition, and the kernel's angles at a few positions.
   const std::vector<float>& freqs = (*model)->weights().rope_freqs;
-  ASSERT_EQ(t.theta.size(), size_t(c.n_rot / 2));
-  for (int i = 0; i < c.n_rot / 2; ++i) {
-    double want = c.rope_freq_scale * std::pow(double{c.rope_freq_base}, -2.0 * i / c.n_rot);
+  ASSERT_EQ(t.theta.size(), size_t(r.n_rot / 2));
+  for (int i = 0; i < r.n_rot / 2; ++i) {
+    double want = r.freq_scale * std::pow(double{r.freq_base}, -2.0 * i / r.n_rot);
     if (!freqs.empty()) want /= freqs[i];
     EXPECT_NEAR(t.theta[i], want, 1e-6 * want) << "pair " << i;
   }
-  const RopeParams rope{c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
+  const RopeParams rope{r.n_rot, r.freq_base, r.freq_scale, r.neox,
                         freqs.empty() ? nullptr : freqs.data()};
-  std::vector<float> cs(c.n_rot);
+  std::vector<float> cs(r.n_rot);
   for (int32_t p : {1, 7, 63}) {
     RopeAngles(p, rope, cs.data());
-    for (int i = 0; i < c.n_rot / 2; ++i) {
+    for (int i = 0; i < r.n_rot / 2; ++i) {
       EXPECT_NEAR(std::cos(p * double{t.theta[i]}), cs[i], 1e-5) << "p " << p << " pair " << i;
-      EXPECT_NEAR(std::sin(p * double{t.theta[i]}), cs[c.n_rot / 2 + i], 1e-5);
+      EXPECT_NEAR(std::sin(p * double{t.theta[i]}), cs[r.n_rot / 2 + i], 1e-5);
     }
   }
 
@@ -387,11 +388,11 @@ TEST(MeasureTriCalibration, Stories260KQueryCentresMatchAnIndependentTap) {
       for (int32_t h = 0; h < c.n_head; ++h) {
         const float* qh = q + (size_t(i) * c.n_head + h) * hd;
         std::vector<double> pre(qh, qh + hd);
-        for (int j = 0; j < c.n_rot / 2; ++j) {
-          double w = c.rope_freq_scale * std::pow(double{c.rope_freq_base}, -2.0 * j / c.n_rot);
+        for (int j = 0; j < r.n_rot / 2; ++j) {
+          double w = r.freq_scale * std::pow(double{r.freq_base}, -2.0 * j / r.n_rot);
           if (!freqs.empty()) w /= freqs[j];
           const double angle = -b.positions[i] * w;
-          const auto [a, bb] = Pair(j, c.n_rot, c.rope_neox);
+          const auto [a, bb] = Pair(j, r.n_rot, r.neox);
           pre[a] = qh[a] * std::cos(angle) - qh[bb] * std::sin(angle);
           pre[bb] = qh[a] * std::sin(angle) + qh[bb] * std::cos(angle);
         }

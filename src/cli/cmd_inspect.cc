@@ -171,7 +171,8 @@ int RunInspect(const InspectArgs& a, int64_t kv_memory) {
       "  layers %d, embedding %d, feed-forward %d, heads %d (kv %d), head dim k %d / v %d\n",
       c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v);
   std::printf("  vocab %d, training context %d, rope %s dims %d base %g, rms eps %g\n", c.n_vocab,
-              c.n_ctx_train, c.rope_neox ? "neox" : "normal", c.n_rot, c.rope_freq_base, c.rms_eps);
+              c.n_ctx_train, c.ropes[0].neox ? "neox" : "normal", c.ropes[0].n_rot,
+              c.ropes[0].freq_base, c.rms_eps);
   std::printf("memory:\n");
   std::printf("  weights (mapped): %s\n", HumanBytes(total).c_str());
   std::printf("  weights read per decoded token: %s\n",

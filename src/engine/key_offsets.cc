@@ -55,11 +55,11 @@ KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vect
   KVS_CHECK_MSG(st.ok(), "key calibration run failed");
 
   // The calibration keys before RoPE (each turned back by its position): [token][layer][head][hk].
-  const int32_t hk = c.head_dim_k, n_rot = c.n_rot;
+  // Model-wide codings need one RoPE for every layer (MakeKvFormat refuses a model without).
+  KVS_CHECK_MSG(c.uniform_rope() != nullptr, "key calibration needs one RoPE for all layers");
+  const RopeParams rope = model.Rope(0);
+  const int32_t hk = c.head_dim_k, n_rot = rope.n_rot;
   const size_t n_heads = static_cast<size_t>(c.n_layer) * c.n_head_kv;
-  const ModelWeights& w = model.weights();
-  const RopeParams rope{n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
-                        w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
   std::vector<float> cos_sin(n_rot), keys(static_cast<size_t>(n_tokens) * n_heads * hk);
   std::vector<double> mean_pre(n_heads * hk, 0.0);
   for (int32_t p = 0; p < n_tokens; ++p) {
@@ -73,7 +73,7 @@ KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vect
         key[d] =
             LoadKey(KvType::kF32, KeyBlock(view, p / kKvBlockTokens), hk, d, p % kKvBlockTokens);
       }
-      ApplyRope(key, cos_sin.data(), n_rot, c.rope_neox);
+      ApplyRope(key, cos_sin.data(), n_rot, rope.neox);
       for (int32_t d = 0; d < hk; ++d) mean_pre[head * hk + d] += key[d] / n_tokens;
     }
   }
@@ -102,7 +102,7 @@ KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vect
   for (size_t head = 0; head < n_heads; ++head) {
     float* o = coding.offsets.data() + head * hk;
     for (int32_t d = 0; d < hk; ++d) o[d] = static_cast<float>(mean_pre[head * hk + d]);
-    ApplyRope(o, cos_sin.data(), n_rot, c.rope_neox);
+    ApplyRope(o, cos_sin.data(), n_rot, rope.neox);
   }
   return coding;
 }

@@ -15,9 +15,11 @@ KvGeometry ModelKvGeometry(const ModelConfig& c, int32_t block_size, KvTypes typ
 }
 
 KvRope ModelKvRope(const Model& model) {
-  const ModelConfig& c = model.config();
-  return KvRope{c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
-                model.weights().rope_freqs};
+  // The key codings that depend on RoPE are model-wide: MakeKvFormat calibrates them only for
+  // a model whose layers share one RoPE.
+  const RopeSpec& r = model.config().ropes[0];
+  return KvRope{r.n_rot, r.freq_base, r.freq_scale, r.neox,
+                r.freq_factors ? model.weights().rope_freqs : std::vector<float>{}};
 }
 
 Status UseCalibrationFile(const std::string& path, const Tokenizer& tokenizer,
@@ -73,6 +75,12 @@ Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenize
       WarnCalibrationUnused(options.types.k);
     }
     return KvFormat::Make(geometry, rope, {}, {});
+  }
+  if (c.uniform_rope() == nullptr) {
+    return Status::Error(StrFormat(
+        "%s keys are calibrated for the model as a whole, which needs one RoPE for every layer; "
+        "this model's layers have %zu: use f16, bf16 or f32 keys",
+        std::string(KvTypeName(options.types.k)).c_str(), c.ropes.size()));
   }
   const auto t0 = std::chrono::steady_clock::now();
   KvCalibration calibration;

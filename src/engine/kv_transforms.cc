@@ -47,16 +47,19 @@ Expected<KvTransforms> FitKvTransforms(const Model& model, ThreadPool& pool,
   if (tokens.size() < 2) return Status::Error("transform fit: needs at least 2 calibration tokens");
   chunk = std::max(chunk, 2);
   const int32_t n_tok = static_cast<int32_t>(tokens.size());
-  const int32_t H = c.n_head_kv, dk = c.head_dim_k, dv = c.head_dim_v, n_rot = c.n_rot;
+  if (c.uniform_rope() == nullptr) {
+    return Status::Error(
+        "transform fit: needs one RoPE for every layer; this model's layers "
+        "differ");
+  }
+  const RopeParams rope = model.Rope(0);
+  const int32_t H = c.n_head_kv, dk = c.head_dim_k, dv = c.head_dim_v, n_rot = rope.n_rot;
   const size_t n_heads = static_cast<size_t>(c.n_layer) * H;
   const int32_t n_chunk_blocks = (chunk + kKvBlockTokens - 1) / kKvBlockTokens;
   KvStorage storage(PlainKvFormat(ModelKvGeometry(c, kKvBlockTokens)), n_chunk_blocks + 1);
   std::vector<int32_t> blocks(n_chunk_blocks);
   for (int32_t b = 0; b < n_chunk_blocks; ++b) blocks[b] = b + 1;
   ForwardPass forward(model, pool);
-  const ModelWeights& w = model.weights();
-  const RopeParams rope{n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
-                        w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
   // Samples: [head][sample][d]; position 0 of each chunk left out (attention sinks).
   int64_t n_samples = 0;
   for (int32_t at = 0; at < n_tok; at += chunk) n_samples += std::min(chunk, n_tok - at) - 1;
@@ -80,7 +83,7 @@ Expected<KvTransforms> FitKvTransforms(const Model& model, ThreadPool& pool,
         ReadKv(storage.layers()[l], slot, p, k.data(), v.data());
         for (int32_t h = 0; h < H; ++h) {
           float* kh = k.data() + static_cast<size_t>(h) * dk;
-          ApplyRope(kh, cs.data(), n_rot, c.rope_neox);
+          ApplyRope(kh, cs.data(), n_rot, rope.neox);
           const size_t head = static_cast<size_t>(l) * H + h;
           std::copy_n(kh, dk, ks.data() + (head * n_samples + sample) * dk);
           std::copy_n(v.data() + static_cast<size_t>(h) * dv, dv,

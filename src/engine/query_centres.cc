@@ -13,6 +13,12 @@ Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
   const ModelConfig& c = model.config();
   const int32_t n_tokens = static_cast<int32_t>(tokens.size());
   if (n_tokens < 1) return Status::Error("tri calibration: no calibration tokens");
+  if (c.uniform_rope() == nullptr) {
+    return Status::Error(
+        "the tri eviction policy needs one RoPE for every layer; this model's "
+        "layers differ");
+  }
+  const RopeParams rope = model.Rope(0);
   const int32_t n_blocks = (n_tokens + kKvBlockTokens - 1) / kKvBlockTokens;
   KvStorage storage(PlainKvFormat(ModelKvGeometry(c, kKvBlockTokens)), n_blocks + 1);
   std::vector<int32_t> blocks(n_blocks);
@@ -25,21 +31,18 @@ Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
   cal->n_head = c.n_head;
   cal->n_head_kv = c.n_head_kv;
   cal->head_dim = c.head_dim_k;
-  cal->n_rot = c.n_rot;
-  cal->rope_neox = c.rope_neox;
-  const ModelWeights& w = model.weights();
-  const RopeParams rope{c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox,
-                        w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
+  cal->n_rot = rope.n_rot;
+  cal->rope_neox = rope.neox;
   // From RopeAngles' own formula, not atan2 of its cos/sin at position 1: that folds angles
   // above π (freq_scale * freq > π happens with rope_freqs factors below 1) into (−π, π].
-  cal->theta.resize(c.n_rot / 2);
-  for (int32_t i = 0; i < c.n_rot / 2; ++i) {
-    cal->theta[i] = static_cast<float>(c.rope_freq_scale * RopeFrequency(i, rope));
+  cal->theta.resize(rope.n_rot / 2);
+  for (int32_t i = 0; i < rope.n_rot / 2; ++i) {
+    cal->theta[i] = static_cast<float>(rope.freq_scale * RopeFrequency(i, rope));
   }
 
   // Each query turned back by its token's position: the inverse of the forward pass's ApplyRope
   // with the same float cos/sin, so what is undone is exactly what was done.
-  const int32_t hd = c.head_dim_k, n_rot = c.n_rot;
+  const int32_t hd = c.head_dim_k, n_rot = rope.n_rot;
   const size_t q_row = static_cast<size_t>(c.n_head) * hd;
   std::vector<double> sum(static_cast<size_t>(c.n_layer) * q_row, 0.0);  // [layer][head][dim]
   std::vector<float> cos_sin(n_rot), q(hd);                              // [n_rot], [head_dim]
@@ -51,7 +54,7 @@ Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
       for (int32_t h = 0; h < c.n_head; ++h) {
         const float* qh = queries + i * q_row + static_cast<size_t>(h) * hd;
         q.assign(qh, qh + hd);
-        ApplyRope(q.data(), cos_sin.data(), n_rot, c.rope_neox);
+        ApplyRope(q.data(), cos_sin.data(), n_rot, rope.neox);
         double* s = sum.data() + static_cast<size_t>(layer) * q_row + static_cast<size_t>(h) * hd;
         for (int32_t e = 0; e < hd; ++e) s[e] += q[e];
       }

@@ -1,18 +1,19 @@
-// Hyperparameters read from GGUF metadata ({arch}.* keys), validated before any allocation.
+// Hyperparameters read from GGUF metadata ({arch}.* keys) by the model's architecture file
+// (model/arch/), validated before any allocation: what every layer shares, and one LayerSpec
+// per layer for what may differ between them.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "gguf/gguf_reader.h"
+#include "model/layer_spec.h"
 
 namespace kvs {
 
-enum class Arch { kLlama, kQwen2, kQwen3 };
-
 struct ModelConfig {
-  Arch arch = Arch::kLlama;
   std::string arch_name;  // general.architecture
   std::string name;       // general.name
   int32_t n_embd = 0;
@@ -24,17 +25,20 @@ struct ModelConfig {
   int32_t n_ff = 0;
   int32_t n_vocab = 0;
   int32_t n_ctx_train = 0;
-  int32_t n_rot = 0;
-  float rope_freq_base = 10000.f;
-  float rope_freq_scale = 1.f;
-  bool rope_neox = false;  // qwen2/qwen3 rotate halves; llama rotates adjacent pairs
   float rms_eps = 1e-5f;
+  std::vector<RopeSpec> ropes;    // the distinct RoPEs of the layers (today's models: one)
+  std::vector<LayerSpec> layers;  // [n_layer]
 
   int32_t q_dim() const { return n_head * head_dim_k; }
   int32_t k_dim() const { return n_head_kv * head_dim_k; }
   int32_t v_dim() const { return n_head_kv * head_dim_v; }
+  const RopeSpec& rope_of(int32_t layer) const { return ropes[layers[layer].rope]; }
+  // The RoPE of every layer where all layers share one; null where they differ. What is
+  // calibrated for the model as a whole (key offsets, tri's query centres) needs one.
+  const RopeSpec* uniform_rope() const { return ropes.size() == 1 ? &ropes[0] : nullptr; }
 };
 
+// Reads the config through the architecture file named by general.architecture.
 Expected<ModelConfig> ReadModelConfig(const gguf::File& file);
 
 }  // namespace kvs

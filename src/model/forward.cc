@@ -11,7 +11,9 @@
 namespace kvs {
 
 ForwardPass::ForwardPass(const Model& model, ThreadPool& pool)
-    : model_(model), c_(model.config()), pool_(pool) {}
+    : model_(model), c_(model.config()), pool_(pool) {
+  for (const RopeSpec& r : c_.ropes) rope_stride_ = std::max(rope_stride_, r.n_rot);
+}
 
 void ForwardPass::Reserve(int32_t n) {
   if (n <= reserved_tokens_) return;
@@ -25,7 +27,7 @@ void ForwardPass::Reserve(int32_t n) {
   gate_.Resize(N * c_.n_ff);
   up_.Resize(N * c_.n_ff);
   proj_.Resize(N * c_.n_embd);
-  rope_.Resize(N * c_.n_rot);
+  rope_.Resize(c_.ropes.size() * N * rope_stride_);
   reserved_tokens_ = n;
 }
 
@@ -120,17 +122,17 @@ void ForwardPass::ForEachToken(int32_t n, const Fn& fn) {
 void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) {
   const ModelWeights& w = model_.weights();
   const int32_t n = b.n_tokens();
-  const int32_t d = c_.n_embd;
-  float* x = x_.data();
-  float* xn = xn_.data();
-
   for (int32_t i = 0; i < n; ++i) {
-    ReadRow(w.token_embd, b.tokens[i], x + static_cast<size_t>(i) * d);
+    ReadRow(w.token_embd, b.tokens[i], x_.data() + static_cast<size_t>(i) * c_.n_embd);
   }
-  RopeParams rope{c_.n_rot, c_.rope_freq_base, c_.rope_freq_scale, c_.rope_neox,
-                  w.rope_freqs.empty() ? nullptr : w.rope_freqs.data()};
-  for (int32_t i = 0; i < n; ++i)
-    RopeAngles(b.positions[i], rope, rope_.data() + static_cast<size_t>(i) * c_.n_rot);
+  // Each RoPE's angles once per token; a layer reads the table of its own.
+  for (size_t r = 0; r < c_.ropes.size(); ++r) {
+    const RopeParams rope = model_.Rope(static_cast<int32_t>(r));
+    float* table = RopeTable(static_cast<int32_t>(r), 0);
+    for (int32_t i = 0; i < n; ++i) {
+      RopeAngles(b.positions[i], rope, table + static_cast<size_t>(i) * rope_stride_);
+    }
+  }
   // Runs of tokens that write into the same kernel block go to one thread: quantized codes of
   // neighbouring positions share bytes.
   write_runs_.clear();
@@ -150,54 +152,70 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
       GatherKeyRope(kv[0], positions, &key_rope_[si]);
     }
   }
-
   for (int32_t l = 0; l < c_.n_layer; ++l) {
-    const LayerWeights& L = w.layers[l];
-    ForEachToken(n, [&](int32_t i) {
-      RmsNorm(x + static_cast<size_t>(i) * d, L.attn_norm.data(), d, c_.rms_eps,
-              xn + static_cast<size_t>(i) * d);
-    });
-    const MatMulOutput qkv[] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
-    MatMulSharedInput(qkv, xn, n, pool_);
-    ForEachToken(n, [&](int32_t i) {
-      float* qi = q_.data() + static_cast<size_t>(i) * c_.q_dim();
-      float* ki = k_.data() + static_cast<size_t>(i) * c_.k_dim();
-      float* vi = v_.data() + static_cast<size_t>(i) * c_.v_dim();
-      if (!L.bq.empty()) AddInPlace(qi, L.bq.data(), c_.q_dim());
-      if (!L.bk.empty()) AddInPlace(ki, L.bk.data(), c_.k_dim());
-      if (!L.bv.empty()) AddInPlace(vi, L.bv.data(), c_.v_dim());
-      const float* cs = rope_.data() + static_cast<size_t>(i) * c_.n_rot;
-      for (int32_t h = 0; h < c_.n_head; ++h) {
-        float* qh = qi + static_cast<size_t>(h) * c_.head_dim_k;
-        if (!L.q_norm.empty()) RmsNorm(qh, L.q_norm.data(), c_.head_dim_k, c_.rms_eps, qh);
-        ApplyRope(qh, cs, c_.n_rot, c_.rope_neox);
-      }
-      for (int32_t h = 0; h < c_.n_head_kv; ++h) {
-        float* kh = ki + static_cast<size_t>(h) * c_.head_dim_k;
-        if (!L.k_norm.empty()) RmsNorm(kh, L.k_norm.data(), c_.head_dim_k, c_.rms_eps, kh);
-        ApplyRope(kh, cs, c_.n_rot, c_.rope_neox);
-      }
-    });
-    if (query_tap_) query_tap_(l, b, q_.data());
-    WriteKv(b, kv[l]);
-    Attention(b, kv[l]);
-    AccumulateAttentionMass(b, kv[l]);
-    MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
-    AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
-
-    ForEachToken(n, [&](int32_t i) {
-      RmsNorm(x + static_cast<size_t>(i) * d, L.ffn_norm.data(), d, c_.rms_eps,
-              xn + static_cast<size_t>(i) * d);
-    });
-    const MatMulOutput gate_up[] = {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}};
-    MatMulSharedInput(gate_up, xn, n, pool_);
-    ForEachToken(n, [&](int32_t i) {
-      float* g = gate_.data() + static_cast<size_t>(i) * c_.n_ff;
-      SwiGlu(g, up_.data() + static_cast<size_t>(i) * c_.n_ff, g, c_.n_ff);
-    });
-    MatMul(L.w_down, gate_.data(), n, proj_.data(), pool_);
-    AddInPlace(x, proj_.data(), static_cast<int64_t>(n) * d);
+    AttentionSublayer(b, l, kv[l]);
+    FeedForwardSublayer(b, l);
   }
+}
+
+void ForwardPass::NormRows(int32_t n, const std::vector<float>& weight) {
+  const int32_t d = c_.n_embd;
+  ForEachToken(n, [&](int32_t i) {
+    const size_t at = static_cast<size_t>(i) * d;
+    RmsNorm(x_.data() + at, weight.data(), d, c_.rms_eps, xn_.data() + at);
+  });
+}
+
+void ForwardPass::AttentionSublayer(const RaggedBatch& b, int32_t l, const KvLayerView& kv) {
+  const LayerSpec& spec = c_.layers[l];
+  const LayerWeights& L = model_.weights().layers[l];
+  const int32_t n = b.n_tokens();
+  const int32_t n_rot = c_.ropes[spec.rope].n_rot;
+  const bool neox = c_.ropes[spec.rope].neox;
+  NormRows(n, L.attn_norm);  // NormPlacement::kPre
+  const MatMulOutput qkv[] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
+  MatMulSharedInput(qkv, xn_.data(), n, pool_);
+  const float* rope_table = RopeTable(spec.rope, 0);
+  ForEachToken(n, [&](int32_t i) {
+    float* qi = q_.data() + static_cast<size_t>(i) * c_.q_dim();
+    float* ki = k_.data() + static_cast<size_t>(i) * c_.k_dim();
+    float* vi = v_.data() + static_cast<size_t>(i) * c_.v_dim();
+    if (!L.bq.empty()) AddInPlace(qi, L.bq.data(), c_.q_dim());
+    if (!L.bk.empty()) AddInPlace(ki, L.bk.data(), c_.k_dim());
+    if (!L.bv.empty()) AddInPlace(vi, L.bv.data(), c_.v_dim());
+    const float* cs = rope_table + static_cast<size_t>(i) * rope_stride_;
+    for (int32_t h = 0; h < c_.n_head; ++h) {
+      float* qh = qi + static_cast<size_t>(h) * c_.head_dim_k;
+      if (spec.qk_norm) RmsNorm(qh, L.q_norm.data(), c_.head_dim_k, c_.rms_eps, qh);
+      ApplyRope(qh, cs, n_rot, neox);
+    }
+    for (int32_t h = 0; h < c_.n_head_kv; ++h) {
+      float* kh = ki + static_cast<size_t>(h) * c_.head_dim_k;
+      if (spec.qk_norm) RmsNorm(kh, L.k_norm.data(), c_.head_dim_k, c_.rms_eps, kh);
+      ApplyRope(kh, cs, n_rot, neox);
+    }
+  });
+  if (query_tap_) query_tap_(l, b, q_.data());
+  WriteKv(b, kv);
+  Attention(b, kv);  // AttentionKind::kGlobal
+  AccumulateAttentionMass(b, kv);
+  MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
+  AddInPlace(x_.data(), proj_.data(), static_cast<int64_t>(n) * c_.n_embd);
+}
+
+void ForwardPass::FeedForwardSublayer(const RaggedBatch& b, int32_t l) {
+  const LayerWeights& L = model_.weights().layers[l];
+  const int32_t n = b.n_tokens();
+  NormRows(n, L.ffn_norm);  // NormPlacement::kPre
+  // FeedForwardKind::kSwiGlu
+  const MatMulOutput gate_up[] = {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}};
+  MatMulSharedInput(gate_up, xn_.data(), n, pool_);
+  ForEachToken(n, [&](int32_t i) {
+    float* g = gate_.data() + static_cast<size_t>(i) * c_.n_ff;
+    SwiGlu(g, up_.data() + static_cast<size_t>(i) * c_.n_ff, g, c_.n_ff);
+  });
+  MatMul(L.w_down, gate_.data(), n, proj_.data(), pool_);
+  AddInPlace(x_.data(), proj_.data(), static_cast<int64_t>(n) * c_.n_embd);
 }
 
 void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv) {

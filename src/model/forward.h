@@ -1,5 +1,6 @@
-// One forward pass over a ragged batch (llama, qwen2, qwen3): the tokens of many sequences go
-// through every matmul together; attention runs per sequence over its blocks of the paged cache.
+// One forward pass over a ragged batch, each layer run as its LayerSpec (model/layer_spec.h)
+// says: the tokens of many sequences go through every matmul together; attention runs per
+// sequence over its blocks of the paged cache.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,16 @@ class ForwardPass {
  private:
   Status Validate(const RaggedBatch& batch, std::span<const KvLayerView> kv) const;
   void Layers(const RaggedBatch& batch, std::span<const KvLayerView> kv);
+  // One layer's two halves, each as its LayerSpec says: x_ += attention(norm(x_)), then
+  // x_ += feed_forward(norm(x_)).
+  void AttentionSublayer(const RaggedBatch& batch, int32_t layer, const KvLayerView& kv);
+  void FeedForwardSublayer(const RaggedBatch& batch, int32_t layer);
+  // xn_ = RmsNorm(x_) row by row, for the batch's n tokens.
+  void NormRows(int32_t n, const std::vector<float>& weight);
+  // RoPE r's cos/sin row of token i (rope_).
+  float* RopeTable(int32_t r, size_t i) {
+    return rope_.data() + (static_cast<size_t>(r) * reserved_tokens_ + i) * rope_stride_;
+  }
   // Stores the ubatch's K/V (k_, v_) into its slots of one layer.
   void WriteKv(const RaggedBatch& batch, const KvLayerView& kv);
   void Attention(const RaggedBatch& batch, const KvLayerView& kv);
@@ -93,16 +104,17 @@ class ForwardPass {
   std::vector<float> partial_ml_;  // [rows] maxima, then [rows] sums
   // Token ranges [write_runs_[r], write_runs_[r + 1]) whose slots share a kernel block.
   std::vector<int32_t> write_runs_;
-  AlignedBuffer x_;     // [n][n_embd] residual stream
-  AlignedBuffer xn_;    // [n][n_embd] normalized input of a sublayer
-  AlignedBuffer q_;     // [n][n_head * head_dim_k]
-  AlignedBuffer k_;     // [n][n_head_kv * head_dim_k]
-  AlignedBuffer v_;     // [n][n_head_kv * head_dim_v]
-  AlignedBuffer att_;   // [n][n_head * head_dim_v]
-  AlignedBuffer gate_;  // [n][n_ff]
-  AlignedBuffer up_;    // [n][n_ff]
-  AlignedBuffer proj_;  // [n][max(n_embd, ...)] output of wo / w_down
-  AlignedBuffer rope_;  // [n][n_rot] cos/sin per token
+  AlignedBuffer x_;          // [n][n_embd] residual stream
+  AlignedBuffer xn_;         // [n][n_embd] normalized input of a sublayer
+  AlignedBuffer q_;          // [n][n_head * head_dim_k]
+  AlignedBuffer k_;          // [n][n_head_kv * head_dim_k]
+  AlignedBuffer v_;          // [n][n_head_kv * head_dim_v]
+  AlignedBuffer att_;        // [n][n_head * head_dim_v]
+  AlignedBuffer gate_;       // [n][n_ff]
+  AlignedBuffer up_;         // [n][n_ff]
+  AlignedBuffer proj_;       // [n][max(n_embd, ...)] output of wo / w_down
+  AlignedBuffer rope_;       // [n_ropes][reserved_tokens_][rope_stride_] cos/sin per RoPE and token
+  int32_t rope_stride_ = 0;  // the largest n_rot of the model's RoPEs
   // Per sequence of the batch: its keys' RoPE rows in slot order, where its key positions are
   // not its slots (BatchSequence::key_positions) and the key coding depends on RoPE; else empty.
   std::vector<std::vector<float>> key_rope_;

@@ -124,7 +124,11 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
   w.output = w.token_embd;  // tied unless the file has its own output matrix
   KVS_RETURN_IF_ERROR(
       load.Matrix("output.weight", c.n_vocab, c.n_embd, &w.output, /*required=*/false));
-  KVS_RETURN_IF_ERROR(load.Vector("rope_freqs.weight", c.n_rot / 2, &w.rope_freqs, false));
+  for (const RopeSpec& rope : c.ropes) {
+    if (rope.freq_factors && w.rope_freqs.empty()) {
+      KVS_RETURN_IF_ERROR(load.Vector("rope_freqs.weight", rope.n_rot / 2, &w.rope_freqs));
+    }
+  }
   w.layers.resize(c.n_layer);
   for (int32_t l = 0; l < c.n_layer; ++l) {
     LayerWeights& L = w.layers[l];
@@ -139,7 +143,7 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q.bias", c.q_dim(), &L.bq, false));
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k.bias", c.k_dim(), &L.bk, false));
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_v.bias", c.v_dim(), &L.bv, false));
-    bool qk_norm = c.arch == Arch::kQwen3;
+    const bool qk_norm = c.layers[l].qk_norm;
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q_norm.weight", c.head_dim_k, &L.q_norm, qk_norm));
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k_norm.weight", c.head_dim_k, &L.k_norm, qk_norm));
     KVS_RETURN_IF_ERROR(load.Vector(p + "ffn_norm.weight", c.n_embd, &L.ffn_norm));
@@ -160,6 +164,13 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
 const gguf::File& Model::file() const {
   KVS_CHECK_MSG(file_ != nullptr, "a compressed view has no file: use its base model's");
   return *file_;
+}
+
+RopeParams Model::Rope(int32_t i) const {
+  const RopeSpec& r = config_.ropes[i];
+  const bool factors = r.freq_factors && !weights_.rope_freqs.empty();
+  return RopeParams{r.n_rot, r.freq_base, r.freq_scale, r.neox,
+                    factors ? weights_.rope_freqs.data() : nullptr};
 }
 
 size_t Model::owned_bytes() const {

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "gguf/gguf_reader.h"
 #include "kernels/matmul.h"
+#include "kernels/ops.h"
 #include "model/config.h"
 
 namespace kvs {
@@ -62,6 +63,10 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // RoPE i of config().ropes as the kernels take it (with the weights' frequency factors where
+  // it uses them); RopeOfLayer: the one layer l turns its queries and keys by.
+  RopeParams Rope(int32_t i) const;
+  RopeParams RopeOfLayer(int32_t l) const { return Rope(config_.layers[l].rope); }
   // The GGUF file (metadata, tokenizer). Only a model loaded from a file has one (has_file());
   // a compressed view has none: take the tokenizer and metadata from its base.
   bool has_file() const { return file_ != nullptr; }

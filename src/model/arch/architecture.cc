@@ -1,0 +1,101 @@
+#include "model/arch/architecture.h"
+
+namespace kvs {
+namespace {
+
+constexpr int64_t kMaxDim = 1 << 20;  // far beyond any real model; stops absurd metadata
+
+constexpr Architecture kArchitectures[] = {
+    {"llama", ReadLlamaFamily},  // Llama 1-3 and Mistral (their GGUFs say "llama")
+    {"qwen2", ReadQwen2},
+    {"qwen3", ReadQwen3},
+};
+
+}  // namespace
+
+std::span<const Architecture> Architectures() {
+  return kArchitectures;
+}
+
+Status MetadataReader::Dim(const std::string& key, bool required, int32_t* out) const {
+  const gguf::Value* v = f_.Find(prefix_ + key);
+  if (!v) {
+    if (required) {
+      return Status::Error(StrFormat("missing metadata key '%s%s'", prefix_.c_str(), key.c_str()));
+    }
+    return Status::Ok();
+  }
+  auto u = v->AsUint();
+  if (!u) {
+    return Status::Error(
+        StrFormat("metadata key '%s%s' is not an unsigned integer", prefix_.c_str(), key.c_str()));
+  }
+  if (*u == 0 || *u > static_cast<uint64_t>(kMaxDim)) {
+    return Status::Error(StrFormat("metadata key '%s%s' has an absurd value %llu", prefix_.c_str(),
+                                   key.c_str(), static_cast<unsigned long long>(*u)));
+  }
+  *out = static_cast<int32_t>(*u);
+  return Status::Ok();
+}
+
+Status MetadataReader::Positive(const std::string& key, float* out) const {
+  const gguf::Value* v = f_.Find(prefix_ + key);
+  if (!v) return Status::Ok();
+  auto x = v->AsFloat();
+  if (!x || !(*x > 0) || *x > 1e12) {
+    return Status::Error(
+        StrFormat("metadata key '%s%s' must be a positive number", prefix_.c_str(), key.c_str()));
+  }
+  *out = static_cast<float>(*x);
+  return Status::Ok();
+}
+
+std::optional<std::string> MetadataReader::String(const std::string& key) const {
+  return f_.GetString(prefix_ + key);
+}
+
+Status ReadTransformerDims(const MetadataReader& meta, ModelConfig* c) {
+  KVS_RETURN_IF_ERROR(meta.Dim("embedding_length", true, &c->n_embd));
+  KVS_RETURN_IF_ERROR(meta.Dim("block_count", true, &c->n_layer));
+  KVS_RETURN_IF_ERROR(meta.Dim("feed_forward_length", true, &c->n_ff));
+  KVS_RETURN_IF_ERROR(meta.Dim("attention.head_count", true, &c->n_head));
+  c->n_head_kv = c->n_head;
+  KVS_RETURN_IF_ERROR(meta.Dim("attention.head_count_kv", false, &c->n_head_kv));
+  if (c->n_embd % c->n_head != 0 && !meta.Has("attention.key_length")) {
+    return Status::Error(
+        "embedding_length is not a multiple of head_count and key_length is absent");
+  }
+  c->head_dim_k = c->n_embd / c->n_head;
+  KVS_RETURN_IF_ERROR(meta.Dim("attention.key_length", false, &c->head_dim_k));
+  c->head_dim_v = c->head_dim_k;
+  KVS_RETURN_IF_ERROR(meta.Dim("attention.value_length", false, &c->head_dim_v));
+  c->n_ctx_train = 2048;
+  KVS_RETURN_IF_ERROR(meta.Dim("context_length", false, &c->n_ctx_train));
+  KVS_RETURN_IF_ERROR(meta.Positive("attention.layer_norm_rms_epsilon", &c->rms_eps));
+  return Status::Ok();
+}
+
+Status ReadRope(const MetadataReader& meta, const ModelConfig& c, RopeSpec* rope) {
+  rope->n_rot = c.head_dim_k;
+  KVS_RETURN_IF_ERROR(meta.Dim("rope.dimension_count", false, &rope->n_rot));
+  KVS_RETURN_IF_ERROR(meta.Positive("rope.freq_base", &rope->freq_base));
+  auto scaling = meta.String("rope.scaling.type");
+  if (scaling && *scaling == "linear") {
+    float factor = 1.f;
+    KVS_RETURN_IF_ERROR(meta.Positive("rope.scaling.factor", &factor));
+    rope->freq_scale = 1.f / factor;
+  } else if (scaling && *scaling != "none") {
+    return Status::Error(StrFormat("unsupported rope scaling type '%s'", scaling->c_str()));
+  }
+  if (rope->n_rot > c.head_dim_k || rope->n_rot % 2 != 0) {
+    return Status::Error(
+        StrFormat("rope.dimension_count %d must be even and at most the head size %d", rope->n_rot,
+                  c.head_dim_k));
+  }
+  // The weights' rope_freqs tensor, where the file has one (llama 3.1), divides every layer's
+  // frequencies.
+  rope->freq_factors = meta.file().FindTensor("rope_freqs.weight") != nullptr;
+  return Status::Ok();
+}
+
+}  // namespace kvs

@@ -1,0 +1,35 @@
+// The dense Llama family: llama (Llama 1-3, Mistral), qwen2 (biases on Q/K/V, NeoX RoPE) and
+// qwen3 (per-head Q/K norms, NeoX RoPE). Every layer alike: global attention, pre-norms, SwiGLU.
+#include "model/arch/architecture.h"
+
+namespace kvs {
+namespace {
+
+Status ReadDenseLlama(const MetadataReader& meta, bool neox, bool qk_norm, ModelConfig* c) {
+  KVS_RETURN_IF_ERROR(ReadTransformerDims(meta, c));
+  RopeSpec rope;
+  rope.neox = neox;
+  KVS_RETURN_IF_ERROR(ReadRope(meta, *c, &rope));
+  c->ropes = {rope};
+  LayerSpec layer;
+  // Per-head Q/K norms: qwen3 always; another family's file only where it has them.
+  layer.qk_norm = qk_norm || meta.file().FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  c->layers.assign(static_cast<size_t>(c->n_layer), layer);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadLlamaFamily(const MetadataReader& meta, ModelConfig* c) {
+  return ReadDenseLlama(meta, /*neox=*/false, /*qk_norm=*/false, c);
+}
+
+Status ReadQwen2(const MetadataReader& meta, ModelConfig* c) {
+  return ReadDenseLlama(meta, /*neox=*/true, /*qk_norm=*/false, c);
+}
+
+Status ReadQwen3(const MetadataReader& meta, ModelConfig* c) {
+  return ReadDenseLlama(meta, /*neox=*/true, /*qk_norm=*/true, c);
+}
+
+}  // namespace kvs
