@@ -158,6 +158,23 @@ printf 'Once upon a time, there was a little girl named Lily. She loved to play 
 "$BIN" kv save -m "$MODEL" -f "$TMP/doc.txt" --kv-disk "$DISK" --name long -c 16 >/dev/null 2>"$TMP/err"
 [ $? -eq 1 ] && grep -q "context (-c) holds 16" "$TMP/err" && pass "kv save refuses a document longer than -c" ||
   fail "kv save -c 16: $(cat "$TMP/err")"
+# A save whose block writes the disk refuses (a file size limit: EFBIG) names the disk's reason,
+# not --kv-disk-size. (4 KiB: its message still reaches the log file; a block file is larger.)
+(ulimit -f 4 && "$BIN" kv save -m "$MODEL" -f "$TMP/doc.txt" --kv-disk "$TMP/efbig" --name big -t 1) \
+  >/dev/null 2>"$TMP/err"
+[ $? -eq 1 ] && grep -q "reached the disk: .*File too large" "$TMP/err" && ! grep -q "kv-disk-size" "$TMP/err" &&
+  pass "kv save under a failing disk names its reason" || fail "kv save, EFBIG: $(cat "$TMP/err")"
+# A read-only --kv-disk (a read-only tmpfs in a user namespace, where one can be made) turns the
+# tier off instead of failing the start.
+if unshare -rm true 2>/dev/null; then
+  mkdir -p "$TMP/ro"
+  unshare -rm bash -c 'mount -t tmpfs -o ro none "$1" && shift && "$@"' _ "$TMP/ro" \
+    "$BIN" generate -m "$MODEL" -p "Once upon a time" -n 4 --temp 0 --kv-disk "$TMP/ro" >"$TMP/ro.out" 2>"$TMP/err"
+  [ $? -eq 0 ] && grep -q "not writable (Read-only file system): the disk tier is off" "$TMP/err" &&
+    pass "a read-only --kv-disk turns the tier off; the run goes on" || fail "read-only --kv-disk: $(cat "$TMP/err")"
+else
+  echo "skip: a read-only --kv-disk (no user namespaces to mount a read-only tmpfs in)"
+fi
 "$BIN" kv rm --kv-disk "$DISK" --name lily 2>/dev/null && "$BIN" kv ls --kv-disk "$DISK" --json >"$TMP/ls.json" &&
   [ "$(cat "$TMP/ls.json")" = "[]" ] && pass "kv rm" || fail "kv rm: $(cat "$TMP/ls.json")"
 "$BIN" kv rm --kv-disk "$DISK" --name lily >/dev/null 2>&1

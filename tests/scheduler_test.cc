@@ -47,7 +47,7 @@ class FakeRunner final : public StepRunner {
       steps.back().push_back({s.id.value, s.n_computed, r.n_tokens});
       // The tables must already hold the slots this step writes.
       EXPECT_GE(step.kv->Table(s.id).num_tokens, s.n_computed + r.n_tokens);
-      if (!RunSamples(r)) continue;
+      if (r.n_logits == 0) continue;  // the scheduler wants no logits of this run
       float* out = logits + static_cast<size_t>(row++) * kVocab;
       std::fill(out, out + kVocab, 0.f);
       out[NextToken(s.tokens, s.tokens.size())] = 10.f;

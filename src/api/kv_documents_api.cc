@@ -62,6 +62,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
         block_size, tokens.size());
     return false;
   }
+  const int64_t write_errors_before = tier->stats().write_errors;
   {
     std::lock_guard<std::mutex> lock(impl_->saving_mu);
     if (!impl_->saving.emplace(name, std::make_pair(0, 0)).second) {
@@ -148,10 +149,15 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
   const int32_t on_disk = report(true);
   if (on_disk < static_cast<int32_t>(hashes.size())) {
     const kvs::KvTierStats s = tier->stats();
+    // The disk's own reason where a write failed (a read-only or full file system, a file size
+    // limit); the size and the queue only where none did.
+    std::string why =
+        s.write_errors > write_errors_before
+            ? ": " + tier->last_write_error() + (s.failed ? " (the disk tier is now off)" : "")
+        : s.failed ? " (the disk tier is off: see the log)"
+                   : " (--kv-disk-size too small, or the write queue was full)";
     *error = kvs::StrFormat("only %d of the document's %zu blocks reached the disk%s", on_disk,
-                            hashes.size(),
-                            s.failed ? " (the disk tier is off: see the log)"
-                                     : " (--kv-disk-size too small, or the write queue was full)");
+                            hashes.size(), why.c_str());
     for (const kvs::BlockHash& h : hashes) tier->store().Pin(h, false);
     return false;
   }

@@ -1,9 +1,14 @@
 #include "engine/engine_builder.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <utility>
+
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "engine/key_offsets.h"
@@ -175,6 +180,30 @@ Expected<KvTiers> EngineBuilder::Tiers(const EngineConfig& config, ModelRunner& 
   return tiers;
 }
 
+namespace {
+
+// Why blocks could not be written under dir (created here where missing): a read-only file
+// system or a directory this process may not write; empty when they can. Other failures
+// (not a directory, a vanished parent) are left to the store's open, which names them.
+std::string ReadOnlyReason(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec == std::errc::read_only_file_system || ec == std::errc::permission_denied) {
+    return ec.message();
+  }
+  if (ec) return {};
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) == 0 && (fs.f_flag & ST_RDONLY) != 0) {
+    return "Read-only file system";
+  }
+  if (::access(dir.c_str(), W_OK) != 0 && (errno == EROFS || errno == EACCES)) {
+    return std::strerror(errno);
+  }
+  return {};
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<KvTier>> EngineBuilder::DiskTier(const EngineConfig& config,
                                                           ModelRunner& runner) {
   if (config.kv_disk.dir.empty()) return std::unique_ptr<KvTier>();
@@ -183,6 +212,15 @@ Expected<std::unique_ptr<KvTier>> EngineBuilder::DiskTier(const EngineConfig& co
   }
   const auto t0 = std::chrono::steady_clock::now();
   const std::string& dir = config.kv_disk.dir;
+  if (std::string why = ReadOnlyReason(dir); !why.empty()) {
+    // A read-only (or uncreatable) directory fails no start: serving goes on without the tier,
+    // as a tier that fails while running does (docs/SECURITY.md).
+    KVS_LOG_WARN(
+        "kv disk: %s is not writable (%s): the disk tier is off, serving goes on "
+        "without it",
+        dir.c_str(), why.c_str());
+    return std::unique_ptr<KvTier>();
+  }
   KvTierConfig disk_config = config.kv_disk;
   if (disk_config.codec == BlockCodec::kTransform) {
     std::error_code ec;

@@ -174,6 +174,10 @@ KvTierStats KvTier::stats() const {
   return s;
 }
 
+std::string KvTier::last_write_error() const {
+  return writer_->last_error();
+}
+
 bool KvTier::Offer(BlockId id, const BlockHash& hash, const BlockMeta& meta) {
   std::vector<uint8_t> payload;
   if (!storage_.ReadBlock(id.value, &payload).ok()) return false;

@@ -127,7 +127,9 @@ class KvTier {
   // The Redis tier's store (null on the disk tier).
   const RedisBlockStore* redis_store() const { return redis_; }
   BlockStore& block_store() { return *store_; }
-  KvTierStats stats() const;  // any thread
+  KvTierStats stats() const;
+  // Why the latest block write failed (the store's message); empty when none has.
+  std::string last_write_error() const;  // any thread
 
   // --- Engine hooks (the engine's thread).
   // Collects finished loads (their blocks enter the prefix index; the sequences become

@@ -17,17 +17,12 @@ struct StepInput {
   const KvCacheManager* kv = nullptr;  // block tables, already grown for this step
 };
 
-// Whether a run needs logits (the scheduler decided: ScheduledRun::n_logits).
 // The keys a runner can read back for token eviction: [slot][n_head_kv][head_dim] per layer.
 struct KvKeyShape {
   int32_t n_layer = 0;
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
 };
-
-inline bool RunSamples(const ScheduledRun& r) {
-  return r.n_logits > 0;
-}
 
 class StepRunner {
  public:

@@ -71,6 +71,11 @@ BlockWriterStats BlockWriter::stats() const {
   return stats_;
 }
 
+std::string BlockWriter::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
 std::string BlockWriter::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
@@ -107,6 +112,7 @@ void BlockWriter::Loop() {
     } else {
       ++stats_.errors;
       if (failure_.empty()) failure_ = st.message();
+      last_error_ = st.message();
       if (failures_to_stop_ == 0) {
         // A store that comes back (Redis): it reports its own state changes; no line per block.
       } else if (++failures_in_a_row_ < failures_to_stop_) {

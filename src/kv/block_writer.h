@@ -61,6 +61,8 @@ class BlockWriter {
   bool Flush(int64_t timeout_ms);
   BlockWriterStats stats() const;
   std::string failure() const;
+  // The message of the latest write the store refused (empty: none was).
+  std::string last_error() const;
 
  private:
   struct Job {
@@ -85,6 +87,7 @@ class BlockWriter {
   bool stop_ = false;
   BlockWriterStats stats_;
   std::string failure_;
+  std::string last_error_;
   std::thread thread_;
 };
 

@@ -13,7 +13,7 @@ float ProbOf(std::span<const TokenProb> probs, int32_t token) {
 
 VerifyResult VerifyDrafts(Sampler& sampler, const float* logits, int32_t n_vocab,
                           std::span<const int32_t> history, std::span<const int32_t> drafts,
-                          std::span<const std::vector<TokenProb>> q, RejectionRule rule) {
+                          std::span<const std::vector<TokenProb>> q) {
   const bool greedy = sampler.params().temperature <= 0.f;
   const int32_t k = static_cast<int32_t>(drafts.size());
   // q as a dense vector while the residual is formed: p may list the whole vocabulary (top-k
@@ -35,7 +35,6 @@ VerifyResult VerifyDrafts(Sampler& sampler, const float* logits, int32_t n_vocab
     // Accept with probability min(1, p(d) / q(d)); a draft its own distribution gave q(d) = 0
     // (a drafter's bug) is never accepted.
     if (qd > 0 && sampler.Uniform() * qd < pd) continue;
-    if (rule == RejectionRule::kSkipCorrection) return {i, sampler.Draw(p)};
     residual.clear();
     if (point_mass) {
       for (const TokenProb& tp : p) {

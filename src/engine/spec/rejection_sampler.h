@@ -23,16 +23,11 @@ struct VerifyResult {
   int32_t next_token = -1;  // the token after them: a correction, or the bonus when all passed
 };
 
-// How a verification treats a rejection; kSkipCorrection exists only for the negative control
-// of the distribution test (it draws from p instead of the residual, which is biased).
-enum class RejectionRule { kExact, kSkipCorrection };
-
 // logits: [drafts.size() + 1][n_vocab], row i the target's logits at the position of draft i
 // (row 0 at the last committed token). history: the committed tokens. q: per draft, the draft's
 // distribution, or empty for point masses. Uses sampler's RNG (nothing at temperature 0).
 VerifyResult VerifyDrafts(Sampler& sampler, const float* logits, int32_t n_vocab,
                           std::span<const int32_t> history, std::span<const int32_t> drafts,
-                          std::span<const std::vector<TokenProb>> q,
-                          RejectionRule rule = RejectionRule::kExact);
+                          std::span<const std::vector<TokenProb>> q);
 
 }  // namespace kvs
