@@ -32,17 +32,11 @@ double ModelRunner::KvShareAt(int32_t n_context) const {
 }
 
 Status ModelRunner::Execute(const StepInput& step, float* logits) {
-  const int32_t m = storage_.kernel_blocks_per_block();
   KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
   batch_.Clear();
   for (const ScheduledRun& r : step.runs) {
     Sequence& seq = *r.seq;
-    const BlockTable& table = step.kv->Table(seq.id);
-    std::vector<int32_t> kernel_blocks;
-    kernel_blocks.reserve(table.blocks.size() * m);
-    for (BlockId b : table.blocks) {
-      for (int32_t j = 0; j < m; ++j) kernel_blocks.push_back(b.value * m + j);
-    }
+    std::vector<int32_t> kernel_blocks = storage_.KernelBlocks(step.kv->Table(seq.id).blocks);
     // After token eviction the cached slots are fewer than the positions computed, and slot i
     // holds the key of position slot_positions[i]; new tokens continue at their true positions.
     const int32_t n_cached = seq.n_slots();
@@ -79,11 +73,7 @@ Status ModelRunner::ReadKeys(const Sequence& seq, const BlockTable& table, int32
       table.num_tokens < n) {
     return Status::Error("ReadKeys: layer, slot count or key buffer out of range");
   }
-  const int32_t m = storage_.kernel_blocks_per_block();
-  std::vector<int32_t> kernel_blocks;
-  for (BlockId b : table.blocks) {
-    for (int32_t j = 0; j < m; ++j) kernel_blocks.push_back(b.value * m + j);
-  }
+  const std::vector<int32_t> kernel_blocks = storage_.KernelBlocks(table.blocks);
   const KvLayerView& view = storage_.layers()[layer];
   const float* key_rope = nullptr;
   if (view.NeedsRopeTable() && seq.n_evicted > 0) {

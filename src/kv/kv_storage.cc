@@ -71,6 +71,16 @@ KvStorage::~KvStorage() {
   if (prefault_.joinable()) prefault_.join();
 }
 
+std::vector<int32_t> KvStorage::KernelBlocks(std::span<const BlockId> blocks) const {
+  const int32_t m = kernel_blocks_per_block();
+  std::vector<int32_t> out;
+  out.reserve(blocks.size() * m);
+  for (BlockId b : blocks) {
+    for (int32_t j = 0; j < m; ++j) out.push_back(b.value * m + j);
+  }
+  return out;
+}
+
 Status KvStorage::ReadBlock(int32_t block, std::vector<uint8_t>* out) const {
   if (block < 1 || block >= n_blocks_) {
     return Status::Error(StrFormat("KV block %d is not in the pool (1..%d)", block, n_blocks_ - 1));

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/status.h"
-
 #include "core/aligned.h"
+#include "core/ids.h"
+#include "core/status.h"
 #include "kernels/kv_layer.h"
 #include "kv/kv_format.h"
 
@@ -41,6 +41,10 @@ class KvStorage {
   size_t bytes() const { return geometry().BytesPerBlock() * n_blocks_; }
   // Kernel blocks (16 positions) per pool block.
   int32_t kernel_blocks_per_block() const { return geometry().block_size / kKvBlockTokens; }
+  // The kernel blocks of pool blocks, in order (pool block b holds kernel blocks b * m ..
+  // b * m + m - 1, m = kernel_blocks_per_block()): what a ragged batch's sequence reads
+  // (model/batch.h) from its block table. The one place this mapping is written.
+  std::vector<int32_t> KernelBlocks(std::span<const BlockId> blocks) const;
   const std::vector<KvLayerView>& layers() const { return layers_; }
 
   // Makes the RoPE table of a RoPE-dependent key coding cover positions [0, n_positions)

@@ -33,14 +33,7 @@ DraftModelDrafter::DraftModelDrafter(const Model& draft, ThreadPool& pool, KvFor
       forward_(draft, pool) {}
 
 std::vector<int32_t> DraftModelDrafter::KernelBlocks(SeqId seq) const {
-  const int32_t m = storage_.kernel_blocks_per_block();
-  const BlockTable& table = kv_.Table(seq);
-  std::vector<int32_t> blocks;
-  blocks.reserve(table.blocks.size() * m);
-  for (BlockId b : table.blocks) {
-    for (int32_t j = 0; j < m; ++j) blocks.push_back(b.value * m + j);
-  }
-  return blocks;
+  return storage_.KernelBlocks(kv_.Table(seq).blocks);
 }
 
 bool DraftModelDrafter::Prepare(const DraftRequest& request, SeqState& state) {

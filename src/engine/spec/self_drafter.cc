@@ -30,13 +30,9 @@ double SelfDrafter::relative_cost_at(int32_t n_context) const {
 }
 
 void SelfDrafter::AddWindowed(const BlockTable& table, int32_t token, int32_t pos) {
-  const int32_t m = storage_.kernel_blocks_per_block();
-  const int32_t bs = storage_.geometry().block_size;
   // Logical kernel block b (positions 16b .. 16b + 15) -> its physical kernel block.
-  auto kernel_block = [&](int32_t b) {
-    const int32_t first = b * kKvBlockTokens;
-    return table.blocks[first / bs].value * m + (first % bs) / kKvBlockTokens;
-  };
+  const std::vector<int32_t> table_blocks = storage_.KernelBlocks(table.blocks);
+  auto kernel_block = [&](int32_t b) { return table_blocks[b]; };
   const int32_t last = pos / kKvBlockTokens;
   const int32_t sinks = SelfDraftOptions::kSinkTokens / kKvBlockTokens;
   const int32_t from = options_.window > 0 ? (pos + 1 - options_.window) / kKvBlockTokens : 0;
