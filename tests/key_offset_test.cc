@@ -129,9 +129,9 @@ double MaxDifference(const Layer& a, bool reference_a, const Layer& b, bool refe
       pb[i] = out_b.data() + static_cast<size_t>(i) * hd;
     }
     (reference_a ? &AttendReference : &Attend)(shape, a.view.Head(h, a.ids.data()), qp.data(),
-                                               n_keys.data(), n, pa.data());
+                                               n_keys.data(), n, pa.data(), nullptr);
     (reference_b ? &AttendReference : &Attend)(shape, b.view.Head(h, b.ids.data()), qp.data(),
-                                               n_keys.data(), n, pb.data());
+                                               n_keys.data(), n, pb.data(), nullptr);
     for (size_t i = 0; i < out_a.size(); ++i) {
       worst = std::max(worst, std::fabs(static_cast<double>(out_a[i]) - out_b[i]));
     }

@@ -196,7 +196,7 @@ TEST(KvPositions, KeysMovedToOtherSlotsGiveTheSameAttention) {
           }
           (reference ? &AttendReference : &Attend)(shape,
                                                    s.layers()[0].Head(h, blocks.data(), rope_rows),
-                                                   q.data(), n_keys, n_queries, o.data());
+                                                   q.data(), n_keys, n_queries, o.data(), nullptr);
           for (size_t i = 0; i < out.size(); ++i) out[i] += head_out[i];
         }
         return out;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/aligned.h"
@@ -85,7 +86,7 @@ WalkHead Prepare(const AttentionShape& shape, const KvHeadView& kv, const float*
 }  // namespace
 
 void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q_in,
-            const int32_t* n_keys, int n_queries, float* const* out) {
+            const int32_t* n_keys, int n_queries, float* const* out, const int32_t* first_key) {
   const size_t hv_pad = AttentionPartialStride(shape);
   thread_local PreparedQueries prepared;
   const WalkHead all = Prepare(shape, kv, q_in, n_queries, prepared);
@@ -102,10 +103,11 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
     const WalkHead head{&kv, all.q + i,
                         all.coef ? all.coef + static_cast<size_t>(i) * kv.n_rot : nullptr};
     const WalkFn walk = WalkFor(kv, n);
+    const int32_t* first = first_key ? first_key + i : nullptr;
     for (int32_t p = 0; p < n_parts; ++p) {
       const size_t row0 = static_cast<size_t>(p) * n;
-      walk(shape, &head, 1, n_keys + i, n, p * kKeyPartitionBlocks, (p + 1) * kKeyPartitionBlocks,
-           {o + row0 * hv_pad, ml + row0, ml + rows + row0});
+      walk(shape, &head, 1, n_keys + i, first, n, p * kKeyPartitionBlocks,
+           (p + 1) * kKeyPartitionBlocks, {o + row0 * hv_pad, ml + row0, ml + rows + row0});
     }
     for (int j = 0; j < n; ++j) {
       MergePartitions(shape, kv.v_type, KeyPartitions(n_keys[i + j]), o + j * hv_pad, n * hv_pad,
@@ -116,7 +118,7 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
 
 void AttendPartition(const AttentionShape& shape, const KvHeadView* heads, int n_heads,
                      const float* const* q, const int32_t* n_keys, int n, int32_t part,
-                     const AttentionPartials& out) {
+                     const AttentionPartials& out, const int32_t* first_key) {
   KVS_CHECK(n >= 1 && n <= kWalkQueries && n_heads >= 1 && part >= 0);
   thread_local std::vector<PreparedQueries> prepared;
   thread_local std::vector<WalkHead> walk_heads;
@@ -125,8 +127,9 @@ void AttendPartition(const AttentionShape& shape, const KvHeadView* heads, int n
   for (int h = 0; h < n_heads; ++h) {
     walk_heads[h] = Prepare(shape, heads[h], q + static_cast<size_t>(h) * n, n, prepared[h]);
   }
-  WalkFor(heads[0], n)(shape, walk_heads.data(), n_heads, n_keys, n, part * kKeyPartitionBlocks,
-                       (part + 1) * kKeyPartitionBlocks, {out.o, out.m, out.l});
+  WalkFor(heads[0], n)(shape, walk_heads.data(), n_heads, n_keys, first_key, n,
+                       part * kKeyPartitionBlocks, (part + 1) * kKeyPartitionBlocks,
+                       {out.o, out.m, out.l});
 }
 
 void MergePartitions(const AttentionShape& shape, KvType v_type, int32_t n_parts, const float* o,
@@ -156,18 +159,19 @@ void MergePartitions(const AttentionShape& shape, KvType v_type, int32_t n_parts
 
 namespace {
 
-// Query q's softmax over its n_keys keys, in double, by the head's key coding.
+// Query q's softmax over keys [first, n_keys), in double, by the head's key coding (weights of
+// keys before first: 0).
 std::vector<double> SoftmaxReference(const AttentionShape& shape, const KvHeadView& kv,
-                                     const float* q, int32_t n_keys) {
-  KVS_CHECK(n_keys >= 1);
+                                     const float* q, int32_t n_keys, int32_t first = 0) {
+  KVS_CHECK(n_keys >= 1 && first >= 0 && first < n_keys);
   const int32_t hk = shape.head_dim_k;
   std::vector<float> qi(q, q + hk), coef(kv.n_rot);
   if (kv.k_offset != nullptr) OffsetCoefficients(kv, q, coef.data());
   const bool whitened = kv.k_whitening != nullptr;
   if (KvTypeIsRotated(kv.k_type) && !whitened) RotateForward(qi.data(), hk);
-  std::vector<double> s(static_cast<size_t>(n_keys));
+  std::vector<double> s(static_cast<size_t>(n_keys), -std::numeric_limits<double>::infinity());
   std::vector<float> key(hk);
-  for (int32_t j = 0; j < n_keys; ++j) {
+  for (int32_t j = first; j < n_keys; ++j) {
     const uint8_t* kb = KeyBlock(kv, j / kKvBlockTokens);
     if (whitened) {
       LoadWhitenedKey(kv, hk, j, key.data());
@@ -189,13 +193,15 @@ std::vector<double> SoftmaxReference(const AttentionShape& shape, const KvHeadVi
 }  // namespace
 
 void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-                     const int32_t* n_keys, int n_queries, float* const* out) {
+                     const int32_t* n_keys, int n_queries, float* const* out,
+                     const int32_t* first_key) {
   const int32_t hv = shape.head_dim_v;
   for (int i = 0; i < n_queries; ++i) {
-    const std::vector<double> p = SoftmaxReference(shape, kv, q[i], n_keys[i]);
+    const int32_t first = FirstKey(first_key, i);
+    const std::vector<double> p = SoftmaxReference(shape, kv, q[i], n_keys[i], first);
     for (int32_t d = 0; d < hv; ++d) {
       double acc = 0.0;
-      for (int32_t j = 0; j < n_keys[i]; ++j) {
+      for (int32_t j = first; j < n_keys[i]; ++j) {
         acc += p[j] *
                LoadValue(kv.v_type, ValueBlock(kv, j / kKvBlockTokens), hv, j % kKvBlockTokens, d);
       }

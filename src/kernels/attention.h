@@ -64,13 +64,17 @@ struct AttentionShape {
   float scale = 1.0f;  // applied to q.k (1/sqrt(head_dim_k))
 };
 
-// out[i][0, head_dim_v) = softmax_j(scale * q[i].k[j]) . v[j] over keys j < n_keys[i], for
-// i < n_queries. Queries that see similar numbers of keys should be adjacent: up to 32 of them
-// (tiles of four) walk the key blocks together, each block read from memory once for them all.
-// n_keys[i] >= 1; keys up to the largest n_keys must have been written (values past a query's own
-// n_keys get weight exactly 0, never a NaN from garbage).
+// out[i][0, head_dim_v) = softmax_j(scale * q[i].k[j]) . v[j] over keys first_key[i] <= j <
+// n_keys[i], for i < n_queries. Queries that see similar numbers of keys should be adjacent: up
+// to 32 of them (tiles of four) walk the key blocks together, each block read from memory once
+// for them all. first_key null: every query's keys start at 0 (global attention); else a
+// sliding window's first key, 0 <= first_key[i] < n_keys[i]. Keys from the block of the
+// smallest first_key up to the largest n_keys must have been written (values outside a query's
+// own range get weight exactly 0, never a NaN from garbage); blocks wholly before every query's
+// first key are never read, so a sliding window's freed blocks may be anything.
 void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-            const int32_t* n_keys, int n_queries, float* const* out);
+            const int32_t* n_keys, int n_queries, float* const* out,
+            const int32_t* first_key = nullptr);
 
 // Split-K ("flash-decoding"): a query's keys are taken in partitions of kKeyPartitionBlocks key
 // blocks at fixed positions ([0, 1024), [1024, 2048), ...), each folded into a partial state of
@@ -99,12 +103,13 @@ struct AttentionPartials {
 
 // Partition `part` of the keys for the queries of n_heads KV heads: q[h * n + i] is query i of
 // head h (its keys and values in heads[h]; every head's views share one KV type and key coding),
-// seeing n_keys[i] keys; n <= 32. Writes row h * n + i of out. The heads' tiles walk the key
-// blocks side by side, so heads whose blocks are adjacent (the paged cache's layout, kv_layer.h)
-// are read as one stream, which the hardware prefetcher follows.
+// seeing keys [first_key[i], n_keys[i]) (first_key null: from 0); n <= 32. Writes row h * n + i
+// of out (a partition before a query's first key leaves it empty: m = -inf, l = 0, o = 0). The
+// heads' tiles walk the key blocks side by side, so heads whose blocks are adjacent (the paged
+// cache's layout, kv_layer.h) are read as one stream, which the hardware prefetcher follows.
 void AttendPartition(const AttentionShape& shape, const KvHeadView* heads, int n_heads,
                      const float* const* q, const int32_t* n_keys, int n, int32_t part,
-                     const AttentionPartials& out);
+                     const AttentionPartials& out, const int32_t* first_key = nullptr);
 
 // out[head_dim_v]: one query's output from its KeyPartitions(n_keys) partials, partial p at
 // o + p * o_stride, m[p * ml_stride], l[p * ml_stride], merged in partition order (rotated back
@@ -115,7 +120,8 @@ void MergePartitions(const AttentionShape& shape, KvType v_type, int32_t n_parts
 // Scalar twin in double with a plain two-pass softmax over the scalar dequantizers of
 // kv_quant.h. Tests only.
 void AttendReference(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-                     const int32_t* n_keys, int n_queries, float* const* out);
+                     const int32_t* n_keys, int n_queries, float* const* out,
+                     const int32_t* first_key = nullptr);
 
 // mass[j] += sum over queries i of softmax_i(j), for j < n_keys[i]: the attention each key
 // receives, what eviction's h2o and snapkv policies score by (kv/eviction_policy.h). The keys

@@ -118,10 +118,11 @@ inline __m512 ValueLaneScale(const float* row_scales, int32_t c, int32_t group, 
   return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(row_scales[c / 8]), _mm512_set1_ps(hi));
 }
 
-// o[i] = alpha[i] * o[i] + sum_j p[i][j] * v[j] over the first rows[i] value rows of a pair of
-// blocks (rows 0..15 in vb[0], 16..31 in vb[1]; n_rows: the largest, vb[1] unread when n_rows <=
-// 16), 64 output dims at a time, the accumulators kept in registers across both blocks. o rows
-// are padded to hv_pad floats. Rows past a query's own are skipped, not added with weight 0: a
+// o[i] = alpha[i] * o[i] + sum_j p[i][j] * v[j] over value rows lo[i] <= j < rows[i] of a pair of
+// blocks (rows 0..15 in vb[0], 16..31 in vb[1]; n_rows: the largest rows[i], vb[1] unread when
+// n_rows <= 16; lo[i] > 0 only for a sliding window's first pair, and vb[0] unread when every
+// lo[i] >= 16), 64 output dims at a time, the accumulators kept in registers across both blocks. o
+// rows are padded to hv_pad floats. Rows past a query's own are skipped, not added with weight 0: a
 // value the type stores as Inf (an f16 overflow) of a later key would make 0 * Inf = NaN for a
 // query that never sees that key, and its output would then depend on the queries beside it.
 // kWhole64: hv is a multiple of 64 (every head size the bench models have), so each pass takes
@@ -130,16 +131,20 @@ inline __m512 ValueLaneScale(const float* row_scales, int32_t c, int32_t group, 
 // time on them than on the FMAs).
 template <class Codec, int Q, bool kWhole64, bool kGrouped>
 void AccumulateBlocks(KvType t, const uint8_t* const* vb, int32_t hv, int32_t group,
-                      const float (*p)[32], const float* alpha, const int32_t* rows, int32_t n_rows,
-                      float* o, int32_t hv_pad) {
+                      const float (*p)[32], const float* alpha, const int32_t* lo,
+                      const int32_t* rows, int32_t n_rows, float* o, int32_t hv_pad) {
   const Codec codec = MakeCodec<Codec>(t);
   const size_t row_bytes = static_cast<size_t>(hv) * Codec::kBits / 8;
   const int32_t n_groups = kGrouped ? hv / group : 0;
   const int n_blocks = n_rows > kKvBlockTokens ? 2 : 1;
+  // Rows before every query's first are not read (a window's first pair may start in a block no
+  // query of the tile sees, which a sliding group may have freed).
+  int32_t first_row = lo[0];
+  for (int i = 1; i < Q; ++i) first_row = std::min(first_row, lo[i]);
   // The blocks' value scales [32 rows][n_groups], widened once (kScaleMul folded in).
   alignas(64) float scales[kGrouped ? 2 * 16 * 128 : 16];
   if constexpr (kGrouped) {
-    for (int b = 0; b < n_blocks; ++b) {
+    for (int b = first_row / kKvBlockTokens; b < n_blocks; ++b) {
       for (int32_t i = 0; i < n_groups; ++i) {
         _mm512_store_ps(scales + 16 * (b * n_groups + i),
                         _mm512_mul_ps(simd::Halves16(vb[b] + 16 * row_bytes + 32 * i),
@@ -147,10 +152,13 @@ void AccumulateBlocks(KvType t, const uint8_t* const* vb, int32_t hv, int32_t gr
       }
     }
   }
-  // Rows below every query's own count take the unmasked FMAs; only a tile's last blocks have
-  // rows some of its queries must skip.
-  int32_t all_live = n_rows;
-  for (int i = 0; i < Q; ++i) all_live = std::min(all_live, rows[i]);
+  // Rows every query sees take the unmasked FMAs; only a tile's last blocks (and a window's
+  // first) have rows some of its queries must skip.
+  int32_t all_live = n_rows, all_live_from = 0;
+  for (int i = 0; i < Q; ++i) {
+    all_live = std::min(all_live, rows[i]);
+    all_live_from = std::max(all_live_from, lo[i]);
+  }
   for (int32_t c0 = 0; c0 < hv; c0 += 64) {
     const int n_vec = kWhole64 ? 4 : std::min(4, (hv - c0 + 15) / 16);
     __m512 acc[Q][4];
@@ -160,7 +168,7 @@ void AccumulateBlocks(KvType t, const uint8_t* const* vb, int32_t hv, int32_t gr
         if (v < n_vec) acc[i][v] = _mm512_mul_ps(a, _mm512_loadu_ps(o + i * hv_pad + c0 + 16 * v));
       }
     }
-    for (int32_t j = 0; j < n_rows; ++j) {
+    for (int32_t j = first_row; j < n_rows; ++j) {
       const uint8_t* row = vb[j / kKvBlockTokens] + (j % kKvBlockTokens) * row_bytes;
       __m512 vr[4];
       for (int v = 0; v < 4; ++v) {
@@ -171,7 +179,7 @@ void AccumulateBlocks(KvType t, const uint8_t* const* vb, int32_t hv, int32_t gr
           vr[v] = _mm512_mul_ps(vr[v], ValueLaneScale(scales + j * n_groups, c, group, hv));
         }
       }
-      if (j < all_live) {  // every query sees this row: the plain FMAs
+      if (j >= all_live_from && j < all_live) {  // every query sees this row: the plain FMAs
         for (int i = 0; i < Q; ++i) {
           const __m512 pj = _mm512_set1_ps(p[i][j]);
           for (int v = 0; v < 4; ++v) {
@@ -182,7 +190,7 @@ void AccumulateBlocks(KvType t, const uint8_t* const* vb, int32_t hv, int32_t gr
       }
       for (int i = 0; i < Q; ++i) {
         const __m512 pj = _mm512_set1_ps(p[i][j]);
-        const __mmask16 live = j < rows[i] ? 0xffff : 0;
+        const __mmask16 live = j >= lo[i] && j < rows[i] ? 0xffff : 0;
         for (int v = 0; v < 4; ++v) {
           if (v < n_vec) acc[i][v] = _mm512_mask3_fmadd_ps(pj, vr[v], acc[i][v], live);
         }
@@ -200,7 +208,8 @@ template <int Q>
 using ScoreFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const float* const*, __m512*);
 template <int Q>
 using AccumulateFn = void (*)(KvType, const uint8_t* const*, int32_t, int32_t, const float (*)[32],
-                              const float*, const int32_t*, int32_t, float*, int32_t);
+                              const float*, const int32_t*, const int32_t*, int32_t, float*,
+                              int32_t);
 
 using DecodeWhitenedFn = void (*)(KvType, const uint8_t*, int32_t, int32_t, const KvHeadView&,
                                   int32_t, float*);
@@ -335,12 +344,15 @@ class WhitenedKeys {
 template <int Q, template <int> class KeyPath>
 class QueryTile {
  public:
+  // first_key: the tile's queries' first keys (null: 0).
   QueryTile(const AttentionShape& shape, const KvHeadView& kv, const float* const* q,
-            const float* coef, const int32_t* n_keys, float* o)
+            const float* coef, const int32_t* n_keys, const int32_t* first_key, float* o)
       : shape_(shape),
         kv_(kv),
         q_(q),
         n_keys_(n_keys),
+        first_key_(first_key),
+        min_first_key_(MinFirstKey(first_key, Q)),
         o_(o),
         hv_pad_((shape.head_dim_v + 15) / 16 * 16),
         max_keys_(MaxKeys(n_keys, Q)),
@@ -357,7 +369,9 @@ class QueryTile {
   int32_t n_blocks() const { return (max_keys_ + kKvBlockTokens - 1) / kKvBlockTokens; }
 
   // Folds in key blocks blk and blk + 1 (only blk when it is the tile's last or the range's,
-  // end); blocks past the tile's keys are skipped. The softmax state moves once per pair: one
+  // end); blocks past the tile's keys are skipped, and so is blk when it lies wholly before
+  // every query's first key (pairs stay at even blocks, so that a query's arithmetic does not
+  // depend on the tile it is in). The softmax state moves once per pair: one
   // horizontal max per query for 32 keys, and the running sum kept as 16 lanes, added across only
   // at the end.
   void Pair(int32_t blk, int32_t end) {
@@ -365,7 +379,12 @@ class QueryTile {
     if (blk >= nb) return;
     const int n = blk + 1 < nb ? 2 : 1;
     __m512 s_raw[2][Q];
-    keys_.Score(blk, q_, s_raw[0]);
+    const bool read_first = min_first_key_ < (blk + 1) * kKvBlockTokens;
+    if (read_first) {
+      keys_.Score(blk, q_, s_raw[0]);
+    } else {
+      for (int i = 0; i < Q; ++i) s_raw[0][i] = _mm512_setzero_ps();  // masked off below
+    }
     if (n == 2) {
       keys_.Score(blk + 1, q_, s_raw[1]);
     } else {
@@ -373,20 +392,26 @@ class QueryTile {
     }
     // Online softmax: rescale what came before by exp(old max - new max).
     float alpha[Q];
-    int32_t rows[Q];
+    int32_t lo[Q], rows[Q];
     alignas(64) float p[Q][32];
-    const int32_t first_key = blk * kKvBlockTokens;
+    const int32_t key0 = blk * kKvBlockTokens;  // the pair's first key
     const __m512 scale = _mm512_set1_ps(shape_.scale), neg_inf = _mm512_set1_ps(kNegInf);
     for (int i = 0; i < Q; ++i) {
-      rows[i] = std::clamp(n_keys_[i] - first_key, 0, n * kKvBlockTokens);
-      if (rows[i] == 0) {
+      // The query's keys in the pair: rows [lo, rows) of its 32.
+      lo[i] = std::clamp(FirstKey(first_key_, i) - key0, 0, n * kKvBlockTokens);
+      rows[i] = std::clamp(n_keys_[i] - key0, 0, n * kKvBlockTokens);
+      if (rows[i] <= lo[i]) {  // none: no row of the pair is read for it
+        lo[i] = n * kKvBlockTokens;
+        rows[i] = 0;
         alpha[i] = 1.0f;
         _mm512_store_ps(p[i], _mm512_setzero_ps());
         _mm512_store_ps(p[i] + 16, _mm512_setzero_ps());
         continue;
       }
-      const __mmask16 valid0 = FirstLanes(n_keys_[i] - first_key);
-      const __mmask16 valid1 = n == 2 ? FirstLanes(n_keys_[i] - first_key - kKvBlockTokens) : 0;
+      const __mmask16 valid0 = FirstLanes(n_keys_[i] - key0) & ~FirstLanes(lo[i]);
+      const __mmask16 valid1 = n == 2 ? FirstLanes(n_keys_[i] - key0 - kKvBlockTokens) &
+                                            ~FirstLanes(lo[i] - kKvBlockTokens)
+                                      : 0;
       const __m512 s0 = _mm512_mask_mov_ps(neg_inf, valid0, _mm512_mul_ps(s_raw[0][i], scale));
       const __m512 s1 = _mm512_mask_mov_ps(neg_inf, valid1, _mm512_mul_ps(s_raw[1][i], scale));
       const float m_new = std::max(m_[i], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
@@ -400,9 +425,11 @@ class QueryTile {
       _mm512_store_ps(p[i], p0);
       _mm512_store_ps(p[i] + 16, p1);
     }
-    const int32_t n_rows = std::min(n * kKvBlockTokens, max_keys_ - first_key);
-    const uint8_t* vb[2] = {ValueBlock(kv_, blk), n == 2 ? ValueBlock(kv_, blk + 1) : nullptr};
-    accumulate_(kv_.v_type, vb, shape_.head_dim_v, v_group_, p, alpha, rows, n_rows, o_, hv_pad_);
+    const int32_t n_rows = std::min(n * kKvBlockTokens, max_keys_ - key0);
+    const uint8_t* vb[2] = {read_first ? ValueBlock(kv_, blk) : nullptr,
+                            n == 2 ? ValueBlock(kv_, blk + 1) : nullptr};
+    accumulate_(kv_.v_type, vb, shape_.head_dim_v, v_group_, p, alpha, lo, rows, n_rows, o_,
+                hv_pad_);
   }
 
   // The partial state: m and l per query (o is already in place).
@@ -418,6 +445,8 @@ class QueryTile {
   const KvHeadView& kv_;
   const float* const* q_;
   const int32_t* n_keys_;
+  const int32_t* first_key_;
+  int32_t min_first_key_;
   float* o_;
   int32_t hv_pad_, max_keys_;
   KeyPath<Q> keys_;
@@ -435,7 +464,8 @@ constexpr int kWalkTiles = kWalkQueries / 4;
 
 template <template <int> class KeyPath, int R>
 void AttendWalk(const AttentionShape& shape, const WalkHead* heads, int n_heads,
-                const int32_t* n_keys, int n, int32_t b0, int32_t b1, const Partials& out) {
+                const int32_t* n_keys, const int32_t* first_key, int n, int32_t b0, int32_t b1,
+                const Partials& out) {
   const int32_t hv_pad = (shape.head_dim_v + 15) / 16 * 16;
   const int n4 = n / 4;
   const int heads_at_once = std::max(1, kWalkTiles / (n4 + (R > 0 ? 1 : 0)));
@@ -452,19 +482,24 @@ void AttendWalk(const AttentionShape& shape, const WalkHead* heads, int n_heads,
       auto coef_of = [&](int first) {
         return head.coef ? head.coef + static_cast<size_t>(first) * head.kv->n_rot : nullptr;
       };
+      auto first_of = [&](int first) { return first_key ? first_key + first : nullptr; };
       for (int t = 0; t < n4; ++t) {
         auto& tile = tiles[h * n4 + t].emplace(shape, *head.kv, head.q + 4 * t, coef_of(4 * t),
-                                               n_keys + 4 * t, out.o + (row0 + 4 * t) * hv_pad);
+                                               n_keys + 4 * t, first_of(4 * t),
+                                               out.o + (row0 + 4 * t) * hv_pad);
         n_blocks = std::max(n_blocks, tile.n_blocks());
       }
       if constexpr (R > 0) {
-        auto& rest = rests[h].emplace(shape, *head.kv, head.q + 4 * n4, coef_of(4 * n4),
-                                      n_keys + 4 * n4, out.o + (row0 + 4 * n4) * hv_pad);
+        auto& rest =
+            rests[h].emplace(shape, *head.kv, head.q + 4 * n4, coef_of(4 * n4), n_keys + 4 * n4,
+                             first_of(4 * n4), out.o + (row0 + 4 * n4) * hv_pad);
         n_blocks = std::max(n_blocks, rest.n_blocks());
       }
     }
     const int32_t end = std::min(n_blocks, b1);
-    for (int32_t blk = b0; blk < end; blk += 2) {
+    // From the pair (at an even block, as b0 is) that holds the first key any query sees.
+    const int32_t start = std::max(b0, MinFirstKey(first_key, n) / kKvBlockTokens / 2 * 2);
+    for (int32_t blk = start; blk < end; blk += 2) {
       for (int h = 0; h < hn; ++h) {
         // A head's blocks lie n_head_kv head blocks apart at least (pages apart, in table
         // order): fetch its pair after next ahead of use, head by head, so that the prefetches
@@ -534,8 +569,8 @@ float PortableScore(const KvHeadView& kv, int32_t hk, const float* q, const floa
 // Each query of each head on its own, key by key, over keys [16 * b0, 16 * b1): the scalar
 // twin (the AVX2 level walks blocks instead, attention_walk_avx2.inc).
 [[maybe_unused]] void AttendEach(const AttentionShape& shape, const WalkHead* heads, int n_heads,
-                                 const int32_t* n_keys, int n, int32_t b0, int32_t b1,
-                                 const Partials& out) {
+                                 const int32_t* n_keys, const int32_t* first_key, int n, int32_t b0,
+                                 int32_t b1, const Partials& out) {
   const int32_t hk = shape.head_dim_k, hv = shape.head_dim_v;
   const int32_t hv_pad = (hv + 15) / 16 * 16;
   for (int h = 0; h < n_heads; ++h) {
@@ -547,7 +582,7 @@ float PortableScore(const KvHeadView& kv, int32_t hk, const float* q, const floa
       std::fill(o, o + hv_pad, 0.0f);
       const float* coef = heads[h].coef ? heads[h].coef + i * kv.n_rot : nullptr;
       const int32_t end = std::min(n_keys[i], b1 * kKvBlockTokens);
-      for (int32_t j = b0 * kKvBlockTokens; j < end; ++j) {
+      for (int32_t j = std::max(b0 * kKvBlockTokens, FirstKey(first_key, i)); j < end; ++j) {
         const uint8_t* vb = ValueBlock(kv, j / kKvBlockTokens);
         const float s = PortableScore(kv, hk, heads[h].q[i], coef, j) * shape.scale;
         const float m_new = std::max(m, s);

@@ -17,6 +17,11 @@ inline constexpr int kWalkQueries = 32;
 
 // Largest of n_keys[0, n) (each >= 1).
 int32_t MaxKeys(const int32_t* n_keys, int n);
+// Query i's first key (0 without a window: first_key null), and the smallest of n queries'.
+inline int32_t FirstKey(const int32_t* first_key, int i) {
+  return first_key ? first_key[i] : 0;
+}
+int32_t MinFirstKey(const int32_t* first_key, int n);
 
 // Per query, the coefficients of q·R(p)·m in the RoPE table's rows (kv.k_offset set): for each
 // rotated pair (a, b) q_a m_a + q_b m_b on its cos row and q_b m_a - q_a m_b on its sin row.
@@ -43,11 +48,13 @@ struct Partials {
   float* l = nullptr;  // [rows]
 };
 
-// Walks the queries of n_heads heads (n <= kWalkQueries each; query i of every head sees
-// n_keys[i] keys) over key blocks [b0, b1), the heads' tiles side by side block by block, so
-// that heads whose blocks are adjacent in memory are read as one stream.
+// Walks the queries of n_heads heads (n <= kWalkQueries each; query i of every head sees keys
+// [FirstKey(first_key, i), n_keys[i])) over key blocks [b0, b1), the heads' tiles side by side
+// block by block, so that heads whose blocks are adjacent in memory are read as one stream.
+// Blocks before the smallest first key's are not read.
 using WalkFn = void (*)(const AttentionShape& shape, const WalkHead* heads, int n_heads,
-                        const int32_t* n_keys, int n, int32_t b0, int32_t b1, const Partials& out);
+                        const int32_t* n_keys, const int32_t* first_key, int n, int32_t b0,
+                        int32_t b1, const Partials& out);
 // The walk for the heads' key coding (the first head's; all heads share it) and for n queries.
 WalkFn WalkFor(const KvHeadView& kv, int n);
 

@@ -20,6 +20,16 @@ int32_t MaxKeys(const int32_t* n_keys, int n) {
   return m;
 }
 
+int32_t MinFirstKey(const int32_t* first_key, int n) {
+  if (first_key == nullptr) return 0;
+  int32_t m = first_key[0];
+  for (int i = 0; i < n; ++i) {
+    KVS_CHECK(first_key[i] >= 0);
+    m = std::min(m, first_key[i]);
+  }
+  return m;
+}
+
 // Per query, the coefficients of q·R(p)·m in the RoPE table's rows: for each rotated pair (a, b)
 // q_a m_a + q_b m_b on its cos row and q_b m_a - q_a m_b on its sin row. Dims past n_rot add the
 // same q·m to every score, which softmax ignores.
