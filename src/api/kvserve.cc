@@ -135,6 +135,210 @@ kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Dige
   return r;
 }
 
+namespace {
+
+// -c, -np and -t on their own.
+kvs::Status CheckParallelism(const EngineOptions& o) {
+  if (o.n_ctx < 2 || o.n_parallel < 1 || o.threads < 0) {
+    return kvs::Status::Error("-c must be at least 2, -np at least 1 and -t not negative");
+  }
+  // Before the default KV size, which grows with -np, turns an absurd -np into a memory error.
+  if (o.n_parallel > kvs::kMaxParallelSequences) {
+    return kvs::Status::Error(kvs::StrFormat("-np %d: must be between 1 and %d", o.n_parallel,
+                                             kvs::kMaxParallelSequences));
+  }
+  return kvs::Status::Ok();
+}
+
+// The KV pool's size in blocks. Sets o->kv_memory_bytes when it was left to the default.
+kvs::Expected<int64_t> KvPoolBlocks(EngineOptions* o, const kvs::KvGeometry& geometry) {
+  const int64_t block_bytes = static_cast<int64_t>(geometry.BytesPerBlock());
+  const int64_t blocks_per_seq = (int64_t{o->n_ctx} + o->block_size - 1) / o->block_size;
+  const int64_t available = kvs::AvailableRamBytes();
+  if (o->kv_memory_bytes <= 0) {
+    // n_parallel full sequences, the null block, and the 1% admission watermark on top.
+    const double blocks =
+        std::ceil((static_cast<double>(blocks_per_seq) * o->n_parallel + 1) * 1.02) + 1;
+    const double want = blocks * block_bytes;
+    o->kv_memory_bytes = static_cast<int64_t>(std::min<double>(want, available / 2));
+  }
+  if (o->kv_memory_bytes > available) {
+    return kvs::Status::Error(
+        kvs::StrFormat("--kv-memory %.2f GiB is more than the %.2f GiB of RAM available",
+                       o->kv_memory_bytes / double(1 << 30), available / double(1 << 30)));
+  }
+  const int64_t n_blocks = o->kv_memory_bytes / block_bytes;
+  if (n_blocks < 2 || n_blocks > (int64_t{1} << 30)) {
+    return kvs::Status::Error(kvs::StrFormat(
+        "--kv-memory %lld bytes holds %lld blocks of %lld bytes (%d positions); need at least 2",
+        static_cast<long long>(o->kv_memory_bytes), static_cast<long long>(n_blocks),
+        static_cast<long long>(block_bytes), o->block_size));
+  }
+  return n_blocks;
+}
+
+// The scheduler's part of the config: sequences, batches, blocks, and token eviction.
+kvs::Status ConfigureScheduler(const EngineOptions& o, int64_t n_blocks, kvs::EngineConfig* ec) {
+  ec->n_ctx = o.n_ctx;
+  ec->max_seqs = o.n_parallel;
+  ec->max_batch_tokens = o.max_batch_tokens;
+  ec->max_step_ms = o.max_step_ms;
+  ec->block_size = o.block_size;
+  ec->n_blocks = static_cast<int32_t>(n_blocks);
+  ec->reserve_full_context = o.reserve_full_context;
+  ec->prefix_cache = o.prefix_cache;
+  ec->eviction.guard = {o.kv_sink, o.kv_window};
+  ec->eviction.policy = o.evict_policy;
+  ec->eviction.every = o.evict_every;
+  KVS_ASSIGN_OR_RETURN(ec->eviction.budget, kvs::ParseKvBudget(o.kv_budget, ec->eviction.guard));
+  ec->spec.draft_max = o.draft_max;
+  ec->spec.draft_min = o.draft_min;
+  return kvs::Status::Ok();
+}
+
+// --spec-type and its drafter: -md's model or --draft-weights' view. limits: --draft-max/min.
+kvs::Expected<kvs::SpecOptions> SpecFromOptions(const EngineOptions& o,
+                                                const kvs::SpecConfig& limits) {
+  kvs::SpecOptions spec;
+  KVS_ASSIGN_OR_RETURN(spec.type, kvs::ParseSpecType(o.spec_type));
+  if (spec.type != kvs::SpecType::kNone) KVS_RETURN_IF_ERROR(limits.Validate());
+  if (o.draft_model && spec.type != kvs::SpecType::kDraft) {
+    return kvs::Status::Error("-md/--model-draft is only used with --spec-type draft");
+  }
+  // Shares ownership of the public model, pointing at the model inside it.
+  if (o.draft_model) {
+    spec.draft_model =
+        std::shared_ptr<const kvs::Model>(o.draft_model, o.draft_model->impl().model.get());
+  }
+  if (!o.draft_weights.empty()) {
+    KVS_ASSIGN_OR_RETURN(spec.draft_weights, kvs::ParseDraftWeights(o.draft_weights));
+  }
+  spec.draft_window = o.draft_window;
+  return spec;
+}
+
+// The disk tier (--kv-disk DIR and its size, policy and codec).
+kvs::Status ConfigureKvDisk(const EngineOptions& o, kvs::EngineConfig* ec) {
+  if (o.kv_disk.empty()) return kvs::Status::Ok();
+  ec->kv_disk.dir = o.kv_disk;
+  if (o.kv_disk_size < 0) return kvs::Status::Error("--kv-disk-size must not be negative");
+  ec->kv_disk.capacity_bytes = static_cast<uint64_t>(o.kv_disk_size);
+  auto policy = kvs::ParseKvDiskPolicy(o.kv_disk_policy);
+  auto codec = kvs::ParseBlockCodec(o.kv_disk_codec);
+  if (!policy.ok() || !codec.ok()) return !policy.ok() ? policy.status() : codec.status();
+  ec->kv_disk.policy = *policy;
+  ec->kv_disk.codec = *codec;
+  if (*codec == kvs::BlockCodec::kTransform) {
+    ec->kv_disk.transform_options = *kvs::ParseTransformCodec(o.kv_disk_codec);
+  }
+  if (!o.prefix_cache || o.reserve_full_context) {
+    return kvs::Status::Error(
+        "--kv-disk keeps the prefix cache's blocks: it cannot go with --no-prefix-cache");
+  }
+  return kvs::Status::Ok();
+}
+
+// The Redis tier (--kv-redis URL and its password file, TTL, timeout, namespace and codec).
+kvs::Status ConfigureKvRedis(const EngineOptions& o, kvs::EngineConfig* ec) {
+  if (o.kv_redis.empty()) {
+    if (o.kv_redis_password_file.empty()) return kvs::Status::Ok();
+    return kvs::Status::Error("--kv-redis-password-file is only used with --kv-redis URL");
+  }
+  if (!o.prefix_cache || o.reserve_full_context) {
+    return kvs::Status::Error(
+        "--kv-redis shares the prefix cache's blocks: it cannot go with --no-prefix-cache");
+  }
+  ec->kv_redis.url = o.kv_redis;
+  ec->kv_redis.password_file = o.kv_redis_password_file;
+  ec->kv_redis.ttl_seconds = o.kv_redis_ttl;
+  ec->kv_redis.timeout_ms = o.kv_redis_timeout_ms;
+  ec->kv_redis.key_namespace = o.kv_redis_namespace;
+  if (o.kv_redis_codec != "zstd") {
+    auto tc = kvs::ParseTransformCodec(o.kv_redis_codec);
+    if (!tc.ok()) {
+      return kvs::Status::Error("--kv-redis-codec " + o.kv_redis_codec +
+                                ": expected zstd or tc:BITS (" + tc.error() + ")");
+    }
+    ec->kv_redis.transform_options = *tc;
+  }
+  return kvs::Status::Ok();
+}
+
+// The engine's config and its drafter, refusing bad options and options that do not go
+// together. Sets o->kv_memory_bytes when it was left to the default.
+kvs::Status ConfigureEngine(EngineOptions* o, const kvs::KvGeometry& geometry,
+                            kvs::EngineConfig* ec, kvs::SpecOptions* spec) {
+  KVS_ASSIGN_OR_RETURN(const int64_t n_blocks, KvPoolBlocks(o, geometry));
+  KVS_RETURN_IF_ERROR(ConfigureScheduler(*o, n_blocks, ec));
+  KVS_ASSIGN_OR_RETURN(*spec, SpecFromOptions(*o, ec->spec));
+  if (ec->eviction.budget.active() && spec->type != kvs::SpecType::kNone) {
+    return kvs::Status::Error(
+        "--kv-budget and --spec-type cannot be combined yet: drafters read the KV by "
+        "position, and a sequence that evicted holds fewer slots than positions");
+  }
+  KVS_RETURN_IF_ERROR(ConfigureKvDisk(*o, ec));
+  KVS_RETURN_IF_ERROR(ConfigureKvRedis(*o, ec));
+  return ec->Validate();
+}
+
+// The KV format's options: the cache types, the transform codec where a tier stores blocks with
+// it, and --kv-calibration-file's scales.
+kvs::Expected<kvs::KvFormatOptions> KvFormatFromOptions(const EngineOptions& o,
+                                                        const kvs::KvGeometry& geometry,
+                                                        const kvs::EngineConfig& ec,
+                                                        const kvs::Tokenizer& tokenizer) {
+  kvs::KvFormatOptions kv;
+  kv.types = {geometry.k_type, geometry.v_type};
+  kv.transform_codec =
+      ec.kv_disk.codec == kvs::BlockCodec::kTransform || ec.kv_redis.transform_options.has_value();
+  if (!o.kv_calibration_file.empty()) {
+    KVS_RETURN_IF_ERROR(
+        kvs::UseCalibrationFile(o.kv_calibration_file, tokenizer, &kv, o.kv_calibration_tokens));
+  }
+  return kv;
+}
+
+// --kv-events: the publisher of the prefix cache's blocks, opened before the engine that
+// publishes into it.
+kvs::Status OpenKvEvents(Engine::Impl* impl, kvs::EngineConfig* ec) {
+  const EngineOptions& o = impl->options;
+  if (o.kv_events.empty()) {
+    if (o.kv_events_replay.empty() && o.kv_events_topic.empty()) return kvs::Status::Ok();
+    return kvs::Status::Error(
+        "--kv-events-replay and --kv-events-topic are only used with --kv-events ENDPOINT");
+  }
+  if (!o.prefix_cache || o.reserve_full_context) {
+    return kvs::Status::Error(
+        "--kv-events reports the prefix cache's blocks: it cannot go with --no-prefix-cache");
+  }
+  kvs::ZmqKvEventPublisherConfig pc;
+  pc.endpoint = o.kv_events;
+  pc.replay_endpoint = o.kv_events_replay;
+  pc.topic = o.kv_events_topic;
+  KVS_ASSIGN_OR_RETURN(impl->events, kvs::ZmqKvEventPublisher::Open(pc));
+  ec->kv_event_sink = impl->events.get();
+  return kvs::Status::Ok();
+}
+
+// Builds impl's engine (allocating its KV cache) on impl's pool, then, with a disk tier, opens
+// the KV documents and pins their blocks.
+kvs::Status BuildEngine(Engine::Impl* impl, kvs::EngineConfig ec, kvs::KvFormatOptions kv,
+                        kvs::SpecOptions spec) {
+  const Model::Impl& model = impl->model->impl();
+  kvs::EngineBuilder builder(*model.model, model.tokenizer.get(), *impl->pool, std::move(kv));
+  KVS_RETURN_IF_ERROR(builder.Speculative(std::move(spec)));
+  KVS_ASSIGN_OR_RETURN(impl->kv_format, builder.Format(ec.block_size, ec.n_ctx));
+  KVS_RETURN_IF_ERROR(OpenKvEvents(impl, &ec));
+  KVS_ASSIGN_OR_RETURN(impl->engine, builder.Async(ec));
+  if (kvs::KvTier* tier = impl->engine->tier()) {
+    KVS_ASSIGN_OR_RETURN(impl->documents, kvs::KvDocuments::Open(impl->options.kv_disk));
+    for (const kvs::BlockHash& h : impl->documents->PinnedBlocks()) tier->store().Pin(h, true);
+  }
+  return kvs::Status::Ok();
+}
+
+}  // namespace
+
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (impl_ && impl_->engine) impl_->engine->Shutdown();
@@ -149,169 +353,27 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
     return nullptr;
   }
   const kvs::KvGeometry geometry = *cache;
-  if (options.n_ctx < 2 || options.n_parallel < 1 || options.threads < 0) {
-    *error = "-c must be at least 2, -np at least 1 and -t not negative";
-    return nullptr;
-  }
-  // Before the default KV size, which grows with -np, turns an absurd -np into a memory error.
-  if (options.n_parallel > kvs::kMaxParallelSequences) {
-    *error = kvs::StrFormat("-np %d: must be between 1 and %d", options.n_parallel,
-                            kvs::kMaxParallelSequences);
+  if (auto st = CheckParallelism(options); !st.ok()) {
+    *error = st.message();
     return nullptr;
   }
   auto impl = std::make_unique<Impl>();
   impl->model = model;
   impl->options = options;
   EngineOptions& o = impl->options;
-  const int64_t block_bytes = static_cast<int64_t>(geometry.BytesPerBlock());
-  const int64_t blocks_per_seq = (int64_t{o.n_ctx} + o.block_size - 1) / o.block_size;
-  const int64_t available = kvs::AvailableRamBytes();
-  if (o.kv_memory_bytes <= 0) {
-    // n_parallel full sequences, the null block, and the 1% admission watermark on top.
-    const double blocks =
-        std::ceil((static_cast<double>(blocks_per_seq) * o.n_parallel + 1) * 1.02) + 1;
-    const double want = blocks * block_bytes;
-    o.kv_memory_bytes = static_cast<int64_t>(std::min<double>(want, available / 2));
-  }
-  if (o.kv_memory_bytes > available) {
-    *error = kvs::StrFormat("--kv-memory %.2f GiB is more than the %.2f GiB of RAM available",
-                            o.kv_memory_bytes / double(1 << 30), available / double(1 << 30));
-    return nullptr;
-  }
-  const int64_t n_blocks = o.kv_memory_bytes / block_bytes;
-  if (n_blocks < 2 || n_blocks > (int64_t{1} << 30)) {
-    *error = kvs::StrFormat(
-        "--kv-memory %lld bytes holds %lld blocks of %lld bytes (%d positions); need at least 2",
-        static_cast<long long>(o.kv_memory_bytes), static_cast<long long>(n_blocks),
-        static_cast<long long>(block_bytes), o.block_size);
-    return nullptr;
-  }
   kvs::EngineConfig ec;
-  ec.n_ctx = o.n_ctx;
-  ec.max_seqs = o.n_parallel;
-  ec.max_batch_tokens = o.max_batch_tokens;
-  ec.max_step_ms = o.max_step_ms;
-  ec.block_size = o.block_size;
-  ec.n_blocks = static_cast<int32_t>(n_blocks);
-  ec.reserve_full_context = o.reserve_full_context;
-  ec.prefix_cache = o.prefix_cache;
-  ec.eviction.guard = {o.kv_sink, o.kv_window};
-  ec.eviction.policy = o.evict_policy;
-  ec.eviction.every = o.evict_every;
-  {
-    auto budget = kvs::ParseKvBudget(o.kv_budget, ec.eviction.guard);
-    if (!budget.ok()) {
-      *error = budget.error();
-      return nullptr;
-    }
-    ec.eviction.budget = *budget;
-  }
-  ec.spec.draft_max = o.draft_max;
-  ec.spec.draft_min = o.draft_min;
   kvs::SpecOptions spec;
-  {
-    auto type = kvs::ParseSpecType(o.spec_type);
-    if (!type.ok()) {
-      *error = type.error();
-      return nullptr;
-    }
-    spec.type = *type;
-    if (spec.type != kvs::SpecType::kNone) {
-      if (auto st = ec.spec.Validate(); !st.ok()) {
-        *error = st.message();
-        return nullptr;
-      }
-    }
-    if (o.draft_model && spec.type != kvs::SpecType::kDraft) {
-      *error = "-md/--model-draft is only used with --spec-type draft";
-      return nullptr;
-    }
-    // Shares ownership of the public model, pointing at the model inside it.
-    if (o.draft_model) {
-      spec.draft_model =
-          std::shared_ptr<const kvs::Model>(o.draft_model, o.draft_model->impl().model.get());
-    }
-    if (!o.draft_weights.empty()) {
-      auto dtype = kvs::ParseDraftWeights(o.draft_weights);
-      if (!dtype.ok()) {
-        *error = dtype.error();
-        return nullptr;
-      }
-      spec.draft_weights = *dtype;
-    }
-    spec.draft_window = o.draft_window;
-  }
-  if (ec.eviction.budget.active() && spec.type != kvs::SpecType::kNone) {
-    *error =
-        "--kv-budget and --spec-type cannot be combined yet: drafters read the KV by "
-        "position, and a sequence that evicted holds fewer slots than positions";
-    return nullptr;
-  }
-  if (!o.kv_disk.empty()) {
-    ec.kv_disk.dir = o.kv_disk;
-    if (o.kv_disk_size < 0) {
-      *error = "--kv-disk-size must not be negative";
-      return nullptr;
-    }
-    ec.kv_disk.capacity_bytes = static_cast<uint64_t>(o.kv_disk_size);
-    auto policy = kvs::ParseKvDiskPolicy(o.kv_disk_policy);
-    auto codec = kvs::ParseBlockCodec(o.kv_disk_codec);
-    if (!policy.ok() || !codec.ok()) {
-      *error = !policy.ok() ? policy.error() : codec.error();
-      return nullptr;
-    }
-    ec.kv_disk.policy = *policy;
-    ec.kv_disk.codec = *codec;
-    if (*codec == kvs::BlockCodec::kTransform) {
-      ec.kv_disk.transform_options = *kvs::ParseTransformCodec(o.kv_disk_codec);
-    }
-    if (!o.prefix_cache || o.reserve_full_context) {
-      *error = "--kv-disk keeps the prefix cache's blocks: it cannot go with --no-prefix-cache";
-      return nullptr;
-    }
-  }
-  if (!o.kv_redis.empty()) {
-    if (!o.prefix_cache || o.reserve_full_context) {
-      *error = "--kv-redis shares the prefix cache's blocks: it cannot go with --no-prefix-cache";
-      return nullptr;
-    }
-    ec.kv_redis.url = o.kv_redis;
-    ec.kv_redis.password_file = o.kv_redis_password_file;
-    ec.kv_redis.ttl_seconds = o.kv_redis_ttl;
-    ec.kv_redis.timeout_ms = o.kv_redis_timeout_ms;
-    ec.kv_redis.key_namespace = o.kv_redis_namespace;
-    if (o.kv_redis_codec != "zstd") {
-      auto tc = kvs::ParseTransformCodec(o.kv_redis_codec);
-      if (!tc.ok()) {
-        *error = "--kv-redis-codec " + o.kv_redis_codec + ": expected zstd or tc:BITS (" +
-                 tc.error() + ")";
-        return nullptr;
-      }
-      ec.kv_redis.transform_options = *tc;
-    }
-  } else if (!o.kv_redis_password_file.empty()) {
-    *error = "--kv-redis-password-file is only used with --kv-redis URL";
-    return nullptr;
-  }
-  if (auto st = ec.Validate(); !st.ok()) {
+  if (auto st = ConfigureEngine(&o, geometry, &ec, &spec); !st.ok()) {
     *error = st.message();
     return nullptr;
   }
   o.threads = kvs::ThreadPool::ResolveThreadCount(o.threads);
   impl->pool = std::make_unique<kvs::ThreadPool>(o.threads);
-  const kvs::Model& m = *model->impl().model;
   const kvs::Tokenizer* tokenizer = model->impl().tokenizer.get();
-  kvs::KvFormatOptions kv;
-  kv.types = {geometry.k_type, geometry.v_type};
-  kv.transform_codec =
-      ec.kv_disk.codec == kvs::BlockCodec::kTransform || ec.kv_redis.transform_options.has_value();
-  if (!o.kv_calibration_file.empty()) {
-    if (auto st = kvs::UseCalibrationFile(o.kv_calibration_file, *tokenizer, &kv,
-                                          o.kv_calibration_tokens);
-        !st.ok()) {
-      *error = st.message();
-      return nullptr;
-    }
+  auto kv = KvFormatFromOptions(o, geometry, ec, *tokenizer);
+  if (!kv.ok()) {
+    *error = kv.error();
+    return nullptr;
   }
   for (int32_t id = 0; id < mc.n_vocab; ++id) {
     if (tokenizer->IsEndOfGeneration(id)) impl->end_of_generation.push_back(id);
@@ -319,52 +381,10 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
   // The KV cache is allocated here, all at once: under a memory limit (ulimit -v, a container)
   // that can fail even below the available RAM, which is a bad option, not a crash.
   try {
-    kvs::EngineBuilder builder(m, tokenizer, *impl->pool, std::move(kv));
-    if (auto st = builder.Speculative(std::move(spec)); !st.ok()) {
+    if (auto st = BuildEngine(impl.get(), std::move(ec), std::move(*kv), std::move(spec));
+        !st.ok()) {
       *error = st.message();
       return nullptr;
-    }
-    auto format = builder.Format(ec.block_size, ec.n_ctx);
-    if (!format.ok()) {
-      *error = format.error();
-      return nullptr;
-    }
-    impl->kv_format = *format;
-    if (!o.kv_events.empty()) {
-      if (!o.prefix_cache || o.reserve_full_context) {
-        *error =
-            "--kv-events reports the prefix cache's blocks: it cannot go with --no-prefix-cache";
-        return nullptr;
-      }
-      kvs::ZmqKvEventPublisherConfig pc;
-      pc.endpoint = o.kv_events;
-      pc.replay_endpoint = o.kv_events_replay;
-      pc.topic = o.kv_events_topic;
-      auto publisher = kvs::ZmqKvEventPublisher::Open(pc);
-      if (!publisher.ok()) {
-        *error = publisher.error();
-        return nullptr;
-      }
-      impl->events = std::move(*publisher);
-      ec.kv_event_sink = impl->events.get();
-    } else if (!o.kv_events_replay.empty() || !o.kv_events_topic.empty()) {
-      *error = "--kv-events-replay and --kv-events-topic are only used with --kv-events ENDPOINT";
-      return nullptr;
-    }
-    auto engine = builder.Async(ec);
-    if (!engine.ok()) {
-      *error = engine.error();
-      return nullptr;
-    }
-    impl->engine = std::move(*engine);
-    if (kvs::KvTier* tier = impl->engine->tier()) {
-      auto documents = kvs::KvDocuments::Open(o.kv_disk);
-      if (!documents.ok()) {
-        *error = documents.error();
-        return nullptr;
-      }
-      impl->documents = std::move(*documents);
-      for (const kvs::BlockHash& h : impl->documents->PinnedBlocks()) tier->store().Pin(h, true);
     }
   } catch (const std::bad_alloc&) {
     *error = kvs::StrFormat("cannot allocate the KV cache (%.2f GiB): lower --kv-memory or -np",

@@ -93,138 +93,163 @@ void Metrics::RecordInterTokenGap(double seconds) {
   tpot_.Observe(seconds);
 }
 
-std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& model,
-                            const http::HttpServer::Stats& connections) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::string out;
+namespace {
+
+// One metric's HELP, TYPE and value lines; type is "gauge" or "counter".
+void Gauge(std::string* out, const char* name, const char* type, const char* help, double v) {
   char line[512];
-  auto gauge = [&](const char* name, const char* type, const char* help, double v) {
-    std::snprintf(line, sizeof line,
-                  "# HELP kvserve:%s %s\n# TYPE kvserve:%s %s\nkvserve:%s %.9g\n", name, help, name,
-                  type, name, v);
-    out += line;
-  };
-  const double usage =
-      s.kv_blocks_total > 0 ? 1.0 - double(s.kv_blocks_free) / s.kv_blocks_total : 0.0;
-  gauge("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
-  gauge("num_requests_running", "gauge", "Sequences running (holding KV blocks).", s.running);
-  gauge("num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", s.waiting);
-  gauge("num_preemptions_total", "counter", "Preemptions (by recompute) so far.",
-        static_cast<double>(s.preemptions));
-  gauge("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
-        static_cast<double>(prompt_tokens_));
-  gauge("generation_tokens_total", "counter", "Generated tokens of finished requests.",
-        static_cast<double>(generation_tokens_));
-  gauge("request_success_total", "counter", "Requests answered.",
-        static_cast<double>(requests_ok_));
-  gauge("request_failure_total", "counter", "Requests that failed or were cancelled.",
-        static_cast<double>(requests_failed_));
-  gauge("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+  std::snprintf(line, sizeof line, "# HELP kvserve:%s %s\n# TYPE kvserve:%s %s\nkvserve:%s %.9g\n",
+                name, help, name, type, name, v);
+  *out += line;
+}
+
+// The prefix cache's lookups, speculative decoding's drafts and token eviction's drops.
+void RenderCacheGauges(const kvserve::EngineStats& s, std::string* out) {
+  Gauge(out, "prefix_cache_queries_total", "counter",
+        "Prompt tokens looked up in the prefix cache.",
         static_cast<double>(s.prefix_cache_queries));
-  gauge("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+  Gauge(out, "prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
         static_cast<double>(s.prefix_cache_hits));
   // Speculative decoding, with vLLM's names (acceptance rate = accepted / draft tokens).
-  gauge("spec_decode_num_drafts_total", "counter",
+  Gauge(out, "spec_decode_num_drafts_total", "counter",
         "Speculative verifications (a sequence's drafts checked in one step).",
         static_cast<double>(s.spec_drafts));
-  gauge("spec_decode_num_draft_tokens_total", "counter", "Tokens drafted.",
+  Gauge(out, "spec_decode_num_draft_tokens_total", "counter", "Tokens drafted.",
         static_cast<double>(s.spec_draft_tokens));
-  gauge("spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
+  Gauge(out, "spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
         static_cast<double>(s.spec_accepted_tokens));
   // Token eviction (--kv-budget, or a request's kv_budget): what it dropped and what it gave
   // back to the pool. Blocks freed per compaction shows whether evicting buys memory at all.
-  gauge("evicted_tokens_total", "counter", "KV positions dropped by token eviction.",
+  Gauge(out, "evicted_tokens_total", "counter", "KV positions dropped by token eviction.",
         static_cast<double>(s.evicted_tokens));
-  gauge("compactions_total", "counter", "Token evictions that dropped positions (compactions).",
+  Gauge(out, "compactions_total", "counter",
+        "Token evictions that dropped positions (compactions).",
         static_cast<double>(s.compactions));
-  gauge("blocks_freed_by_compaction_total", "counter",
+  Gauge(out, "blocks_freed_by_compaction_total", "counter",
         "KV blocks returned to the pool by compactions.",
         static_cast<double>(s.blocks_freed_by_compaction));
-  // Disk tier (--kv-disk), in blocks and bytes. Hits are blocks loaded instead of recomputed;
-  // corrupt ones failed a check and were recomputed; kv_disk_up falls to 0 when the tier turned
-  // itself off (a full, read-only or vanished directory) and serving went on without it.
-  if (s.kv_disk) {
-    gauge("kv_disk_up", "gauge", "1 while the disk tier writes, 0 once it turned itself off.",
-          s.kv_disk_failed ? 0.0 : 1.0);
-    gauge("kv_disk_hits_total", "counter", "KV blocks loaded from the disk tier.",
-          static_cast<double>(s.kv_disk_hits));
-    gauge("kv_disk_misses_total", "counter",
-          "KV blocks past the RAM prefix cache that the disk tier did not hold either.",
-          static_cast<double>(s.kv_disk_misses));
-    gauge("kv_disk_corrupt_total", "counter",
-          "Stored KV blocks that failed a check (never loaded; removed and recomputed).",
-          static_cast<double>(s.kv_disk_corrupt));
-    gauge("kv_disk_bytes_read_total", "counter", "Bytes of KV block files read.",
-          static_cast<double>(s.kv_disk_bytes_read));
-    gauge("kv_disk_read_seconds_total", "counter",
-          "Seconds the loader spent reading, checking and copying blocks into the pool.",
-          s.kv_disk_read_seconds);
-    gauge("kv_disk_bytes_written_total", "counter", "Bytes of KV block files written.",
-          static_cast<double>(s.kv_disk_bytes_written));
-    gauge("kv_disk_payload_bytes_written_total", "counter",
-          "KV bytes in the block files written (over kv_disk_bytes_written_total: the codec's "
-          "compression ratio, headers included).",
-          static_cast<double>(s.kv_disk_payload_bytes_written));
-    gauge("kv_disk_dropped_total", "counter",
-          "KV blocks not written: the write queue was full, or the tier was off.",
-          static_cast<double>(s.kv_disk_dropped));
-    gauge("kv_disk_usage_bytes", "gauge", "Bytes the disk tier holds.",
-          static_cast<double>(s.kv_disk_usage_bytes));
-    gauge("kv_disk_capacity_bytes", "gauge", "Bytes the disk tier may hold (--kv-disk-size).",
-          static_cast<double>(s.kv_disk_capacity_bytes));
-  }
-  // Redis tier (--kv-redis). Errors are failed or timed-out commands and connections (each
-  // outage also logs one line when it starts and one when Redis answers again); while Redis is
-  // down lookups count as misses and writes as dropped, and every request is computed.
-  if (s.kv_redis) {
-    gauge("kv_redis_up", "gauge", "1 while the last attempt to reach Redis succeeded.",
-          s.kv_redis_up ? 1.0 : 0.0);
-    gauge("kv_redis_errors_total", "counter",
-          "Redis commands or connections that failed or timed out.",
-          static_cast<double>(s.kv_redis_errors));
-    gauge("kv_redis_hits_total", "counter", "KV blocks loaded from Redis.",
-          static_cast<double>(s.kv_redis_hits));
-    gauge("kv_redis_misses_total", "counter",
-          "KV blocks past the RAM (and disk) prefix that Redis did not hold, or could not be "
-          "asked for.",
-          static_cast<double>(s.kv_redis_misses));
-    gauge("kv_redis_corrupt_total", "counter",
-          "Values under a block's key that failed a check (never loaded; deleted, recomputed).",
-          static_cast<double>(s.kv_redis_corrupt));
-    gauge("kv_redis_bytes_read_total", "counter", "Bytes of block values read from Redis.",
-          static_cast<double>(s.kv_redis_bytes_read));
-    gauge("kv_redis_read_seconds_total", "counter",
-          "Seconds the loader spent asking Redis, checking and copying blocks into the pool.",
-          s.kv_redis_read_seconds);
-    gauge("kv_redis_bytes_written_total", "counter", "Bytes of block values written to Redis.",
-          static_cast<double>(s.kv_redis_bytes_written));
-    gauge("kv_redis_blocks_written_total", "counter", "KV blocks written to Redis.",
-          static_cast<double>(s.kv_redis_blocks_written));
-    gauge("kv_redis_dropped_total", "counter",
-          "KV blocks not written to Redis: the write queue was full, or Redis was down.",
-          static_cast<double>(s.kv_redis_dropped));
-  }
-  gauge("kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
-  gauge("kv_cache_blocks_free", "gauge",
-        "KV blocks free to allocate (prefix-cached blocks nobody holds count: /v1/kv/state splits "
-        "them).",
-        s.kv_blocks_free);
-  // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding
-  // client being shed.
-  gauge("http_connections_open", "gauge", "HTTP connections open.",
+}
+
+// Disk tier (--kv-disk), in blocks and bytes. Hits are blocks loaded instead of recomputed;
+// corrupt ones failed a check and were recomputed; kv_disk_up falls to 0 when the tier turned
+// itself off (a full, read-only or vanished directory) and serving went on without it.
+void RenderKvDiskGauges(const kvserve::EngineStats& s, std::string* out) {
+  Gauge(out, "kv_disk_up", "gauge", "1 while the disk tier writes, 0 once it turned itself off.",
+        s.kv_disk_failed ? 0.0 : 1.0);
+  Gauge(out, "kv_disk_hits_total", "counter", "KV blocks loaded from the disk tier.",
+        static_cast<double>(s.kv_disk_hits));
+  Gauge(out, "kv_disk_misses_total", "counter",
+        "KV blocks past the RAM prefix cache that the disk tier did not hold either.",
+        static_cast<double>(s.kv_disk_misses));
+  Gauge(out, "kv_disk_corrupt_total", "counter",
+        "Stored KV blocks that failed a check (never loaded; removed and recomputed).",
+        static_cast<double>(s.kv_disk_corrupt));
+  Gauge(out, "kv_disk_bytes_read_total", "counter", "Bytes of KV block files read.",
+        static_cast<double>(s.kv_disk_bytes_read));
+  Gauge(out, "kv_disk_read_seconds_total", "counter",
+        "Seconds the loader spent reading, checking and copying blocks into the pool.",
+        s.kv_disk_read_seconds);
+  Gauge(out, "kv_disk_bytes_written_total", "counter", "Bytes of KV block files written.",
+        static_cast<double>(s.kv_disk_bytes_written));
+  Gauge(out, "kv_disk_payload_bytes_written_total", "counter",
+        "KV bytes in the block files written (over kv_disk_bytes_written_total: the codec's "
+        "compression ratio, headers included).",
+        static_cast<double>(s.kv_disk_payload_bytes_written));
+  Gauge(out, "kv_disk_dropped_total", "counter",
+        "KV blocks not written: the write queue was full, or the tier was off.",
+        static_cast<double>(s.kv_disk_dropped));
+  Gauge(out, "kv_disk_usage_bytes", "gauge", "Bytes the disk tier holds.",
+        static_cast<double>(s.kv_disk_usage_bytes));
+  Gauge(out, "kv_disk_capacity_bytes", "gauge", "Bytes the disk tier may hold (--kv-disk-size).",
+        static_cast<double>(s.kv_disk_capacity_bytes));
+}
+
+// Redis tier (--kv-redis). Errors are failed or timed-out commands and connections (each
+// outage also logs one line when it starts and one when Redis answers again); while Redis is
+// down lookups count as misses and writes as dropped, and every request is computed.
+void RenderKvRedisGauges(const kvserve::EngineStats& s, std::string* out) {
+  Gauge(out, "kv_redis_up", "gauge", "1 while the last attempt to reach Redis succeeded.",
+        s.kv_redis_up ? 1.0 : 0.0);
+  Gauge(out, "kv_redis_errors_total", "counter",
+        "Redis commands or connections that failed or timed out.",
+        static_cast<double>(s.kv_redis_errors));
+  Gauge(out, "kv_redis_hits_total", "counter", "KV blocks loaded from Redis.",
+        static_cast<double>(s.kv_redis_hits));
+  Gauge(out, "kv_redis_misses_total", "counter",
+        "KV blocks past the RAM (and disk) prefix that Redis did not hold, or could not be "
+        "asked for.",
+        static_cast<double>(s.kv_redis_misses));
+  Gauge(out, "kv_redis_corrupt_total", "counter",
+        "Values under a block's key that failed a check (never loaded; deleted, recomputed).",
+        static_cast<double>(s.kv_redis_corrupt));
+  Gauge(out, "kv_redis_bytes_read_total", "counter", "Bytes of block values read from Redis.",
+        static_cast<double>(s.kv_redis_bytes_read));
+  Gauge(out, "kv_redis_read_seconds_total", "counter",
+        "Seconds the loader spent asking Redis, checking and copying blocks into the pool.",
+        s.kv_redis_read_seconds);
+  Gauge(out, "kv_redis_bytes_written_total", "counter", "Bytes of block values written to Redis.",
+        static_cast<double>(s.kv_redis_bytes_written));
+  Gauge(out, "kv_redis_blocks_written_total", "counter", "KV blocks written to Redis.",
+        static_cast<double>(s.kv_redis_blocks_written));
+  Gauge(out, "kv_redis_dropped_total", "counter",
+        "KV blocks not written to Redis: the write queue was full, or Redis was down.",
+        static_cast<double>(s.kv_redis_dropped));
+}
+
+// What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding
+// client being shed.
+void RenderHttpGauges(const http::HttpServer::Stats& connections, std::string* out) {
+  Gauge(out, "http_connections_open", "gauge", "HTTP connections open.",
         static_cast<double>(connections.open));
-  gauge("http_connections_timed_out_total", "counter",
+  Gauge(out, "http_connections_timed_out_total", "counter",
         "HTTP connections closed for missing a deadline (head, body, idle, write).",
         static_cast<double>(connections.timed_out));
-  gauge("http_connections_evicted_total", "counter",
+  Gauge(out, "http_connections_evicted_total", "counter",
         "HTTP connections closed to make room under --max-connections.",
         static_cast<double>(connections.evicted));
-  // An info metric (value 1, the level in its label), as build_info metrics are.
+}
+
+// An info metric (value 1, the level in its label), as build_info metrics are.
+void RenderCpuIsaInfo(std::string* out) {
+  char line[512];
   std::snprintf(line, sizeof line,
                 "# HELP kvserve:cpu_isa_info The instruction-set level the kernels run at.\n"
                 "# TYPE kvserve:cpu_isa_info gauge\nkvserve:cpu_isa_info{isa=\"%s\"} 1\n",
                 kvserve::CpuIsa().c_str());
-  out += line;
+  *out += line;
+}
+
+}  // namespace
+
+std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& model,
+                            const http::HttpServer::Stats& connections) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  const double usage =
+      s.kv_blocks_total > 0 ? 1.0 - double(s.kv_blocks_free) / s.kv_blocks_total : 0.0;
+  Gauge(&out, "kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
+  Gauge(&out, "num_requests_running", "gauge", "Sequences running (holding KV blocks).", s.running);
+  Gauge(&out, "num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", s.waiting);
+  Gauge(&out, "num_preemptions_total", "counter", "Preemptions (by recompute) so far.",
+        static_cast<double>(s.preemptions));
+  Gauge(&out, "prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+        static_cast<double>(prompt_tokens_));
+  Gauge(&out, "generation_tokens_total", "counter", "Generated tokens of finished requests.",
+        static_cast<double>(generation_tokens_));
+  Gauge(&out, "request_success_total", "counter", "Requests answered.",
+        static_cast<double>(requests_ok_));
+  Gauge(&out, "request_failure_total", "counter", "Requests that failed or were cancelled.",
+        static_cast<double>(requests_failed_));
+  RenderCacheGauges(s, &out);
+  if (s.kv_disk) RenderKvDiskGauges(s, &out);
+  if (s.kv_redis) RenderKvRedisGauges(s, &out);
+  Gauge(&out, "kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
+  Gauge(&out, "kv_cache_blocks_free", "gauge",
+        "KV blocks free to allocate (prefix-cached blocks nobody holds count: /v1/kv/state splits "
+        "them).",
+        s.kv_blocks_free);
+  RenderHttpGauges(connections, &out);
+  RenderCpuIsaInfo(&out);
   ttft_.Render("kvserve:time_to_first_token_seconds", "Time to first token.", &out);
   tpot_.Render("kvserve:time_per_output_token_seconds", "Time between output tokens.", &out);
   e2e_.Render("kvserve:e2e_request_latency_seconds", "End-to-end request latency.", &out);

@@ -145,6 +145,48 @@ std::optional<ApiError> ParsePrompt(const nlohmann::json& body, CompletionReques
   return Bad("prompt", "'prompt' must be a non-empty string or array of token ids");
 }
 
+// stop: a string or up to 4 strings, none of them empty.
+std::optional<ApiError> ParseStop(const nlohmann::json& body, CompletionRequest* out) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) {
+    out->stop.push_back(*it);
+  } else if (it->is_array() && it->size() <= 4) {
+    for (const nlohmann::json& s : *it) {
+      if (!s.is_string()) return Bad("stop", "'stop' must be a string or up to 4 strings");
+      out->stop.push_back(s);
+    }
+  } else {
+    return Bad("stop", "'stop' must be a string or up to 4 strings");
+  }
+  for (const std::string& s : out->stop) {
+    if (s.empty()) return Bad("stop", "stop strings must not be empty");
+  }
+  return std::nullopt;
+}
+
+// Chat asks logprobs: true and top_logprobs: k; completions ask logprobs: k.
+std::optional<ApiError> ParseLogprobs(const nlohmann::json& body, bool chat,
+                                      CompletionRequest* out) {
+  kvserve::GenerationOptions& g = out->gen;
+  if (chat) {
+    if (auto e = Bool(body, "logprobs", &out->logprobs)) return e;
+    int32_t top = 0;
+    if (auto e = Number(body, "top_logprobs", 0, 20, &top)) return e;
+    const auto tl = body.find("top_logprobs");
+    if (tl != body.end() && !tl->is_null() && !out->logprobs) {
+      return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (out->logprobs) g.logprobs = top;
+  } else if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
+    int32_t k = 0;
+    if (auto e = Number(body, "logprobs", 0, 5, &k)) return e;
+    out->logprobs = true;
+    g.logprobs = k;
+  }
+  return std::nullopt;
+}
+
 // Counts depth and values as the parser reads, and stops it at the first excess.
 class JsonBudget : public nlohmann::json::json_sax_t {
  public:
@@ -267,36 +309,8 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
       return e;
     }
   }
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      out->stop.push_back(*it);
-    } else if (it->is_array() && it->size() <= 4) {
-      for (const nlohmann::json& s : *it) {
-        if (!s.is_string()) return Bad("stop", "'stop' must be a string or up to 4 strings");
-        out->stop.push_back(s);
-      }
-    } else {
-      return Bad("stop", "'stop' must be a string or up to 4 strings");
-    }
-    for (const std::string& s : out->stop) {
-      if (s.empty()) return Bad("stop", "stop strings must not be empty");
-    }
-  }
-  if (chat) {
-    if (auto e = Bool(body, "logprobs", &out->logprobs)) return e;
-    int32_t top = 0;
-    if (auto e = Number(body, "top_logprobs", 0, 20, &top)) return e;
-    const auto tl = body.find("top_logprobs");
-    if (tl != body.end() && !tl->is_null() && !out->logprobs) {
-      return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    }
-    if (out->logprobs) g.logprobs = top;
-  } else if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
-    int32_t k = 0;
-    if (auto e = Number(body, "logprobs", 0, 5, &k)) return e;
-    out->logprobs = true;
-    g.logprobs = k;
-  }
+  if (auto e = ParseStop(body, out)) return e;
+  if (auto e = ParseLogprobs(body, chat, out)) return e;
   if (g.temperature == 0) g.temperature = 0;  // greedy
   return std::nullopt;
 }

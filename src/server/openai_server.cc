@@ -36,6 +36,119 @@ constexpr int64_t kMaxLogprobEntries = int64_t{1} << 18;
 // Bodies above this are parsed and tokenized two at a time (Server::heavy_).
 constexpr size_t kLargeBodyBytes = size_t{1} << 20;
 
+// A large body's turn at parsing and tokenizing: holds one of Server::heavy_'s seats (none for
+// a small body) and, once done, gives it back with the memory the parse took.
+class LargeBodyTurn {
+ public:
+  explicit LargeBodyTurn(std::counting_semaphore<>* seats) : seats_(seats) {
+    if (seats_) seats_->acquire();
+  }
+  ~LargeBodyTurn() {
+    if (!seats_) return;
+    seats_->release();
+    malloc_trim(0);
+  }
+  LargeBodyTurn(const LargeBodyTurn&) = delete;
+  LargeBodyTurn& operator=(const LargeBodyTurn&) = delete;
+
+ private:
+  std::counting_semaphore<>* seats_;
+};
+
+// The request against this server: its model, its n against -np, its kv_budget against the
+// eviction guard.
+std::optional<ApiError> CheckRequestFits(const CompletionRequest& request,
+                                         const std::string& model_id,
+                                         const kvserve::EngineOptions& eo) {
+  if (!request.model.empty() && request.model != model_id) {
+    return ApiError{404, "invalid_request_error",
+                    "The model " + Quote(request.model) + " does not exist; this server has '" +
+                        model_id + "'.",
+                    "model", "model_not_found"};
+  }
+  if (request.gen.n > eo.n_parallel) {
+    return ApiError{400,
+                    "invalid_request_error",
+                    "'n' is " + std::to_string(request.gen.n) + "; this server decodes at most " +
+                        std::to_string(eo.n_parallel) + " sequences at once (-np)",
+                    "n",
+                    {}};
+  }
+  // The request's budget against this server's guard: the first --kv-sink and the last
+  // --kv-window positions are never evicted, so a smaller budget could never be kept.
+  if (!request.gen.kv_budget.empty()) {
+    auto budget =
+        ParseKvBudget(request.gen.kv_budget, EvictionGuard{eo.kv_sink, eo.kv_window}, "kv_budget");
+    if (!budget.ok()) {
+      return ApiError{400,
+                      "invalid_request_error",
+                      "'kv_budget' is " + request.gen.kv_budget +
+                          "; this server never evicts the first " + std::to_string(eo.kv_sink) +
+                          " nor the last " + std::to_string(eo.kv_window) +
+                          " positions of a sequence, so a budget must be at "
+                          "least " +
+                          std::to_string(eo.kv_sink + eo.kv_window),
+                      "kv_budget",
+                      {}};
+    }
+  }
+  return std::nullopt;
+}
+
+// The tokenized prompt against the context, and the log-probabilities the request may cost.
+std::optional<ApiError> CheckPromptFits(const CompletionRequest& request, bool chat,
+                                        size_t prompt_tokens, int32_t n_ctx) {
+  if (static_cast<int64_t>(prompt_tokens) >= n_ctx) {
+    return ApiError{400, "invalid_request_error",
+                    "This model's maximum context length is " + std::to_string(n_ctx) +
+                        " tokens; the prompt has " + std::to_string(prompt_tokens) + ".",
+                    chat ? "messages" : "prompt", "context_length_exceeded"};
+  }
+  if (request.gen.logprobs >= 0) {
+    const int64_t tokens = request.gen.max_tokens > 0 ? request.gen.max_tokens
+                                                      : n_ctx - static_cast<int64_t>(prompt_tokens);
+    const int64_t entries = int64_t{request.gen.n} * tokens * (request.gen.logprobs + 1);
+    const int64_t cap = request.stream ? kMaxLogprobEntriesStreamed : kMaxLogprobEntries;
+    if (entries > cap) {
+      return ApiError{400,
+                      "invalid_request_error",
+                      "n x max_tokens x (top_logprobs + 1) is " + std::to_string(entries) +
+                          " log-probabilities, more than the " + std::to_string(cap) +
+                          (request.stream ? " a streamed" : " a non-streamed") +
+                          " request may ask for; lower one of them" +
+                          (request.stream ? "" : ", or stream the response"),
+                      chat ? "top_logprobs" : "logprobs",
+                      {}};
+    }
+  }
+  return std::nullopt;
+}
+
+// The engine's refusal of a request the checks above let through, naming the parameter where
+// the message shows which.
+ApiError SubmitRefusal(const std::string& error) {
+  const bool kv = error.find("KV memory") != std::string::npos;
+  const bool budget = error.rfind("kv_budget", 0) == 0;  // checked on arrival; named if it slips by
+  return ApiError{400,
+                  "invalid_request_error",
+                  error,
+                  budget ? "kv_budget" : (kv ? "max_tokens" : std::string()),
+                  {}};
+}
+
+// Pumps the call's response to the client until it ends or the client is gone.
+void WriteResponse(CompletionCall& call, http::BodyWriter& writer,
+                   std::chrono::milliseconds grace) {
+  // Once the engine is done, the rest must reach the client within --timeout: a client that
+  // reads too slowly to keep up must not hold its seat and its thread for ever.
+  call.OnEngineDone(
+      [&writer, grace] { writer.SetDeadline(std::chrono::steady_clock::now() + grace); });
+  const auto sink = [&writer](const std::string& s) { return writer.Write(s); };
+  bool done = false;
+  while (!done && call.Pump(sink, &done)) {
+  }
+}
+
 }  // namespace
 
 Server::Server(ServerOptions options)
@@ -224,84 +337,18 @@ void Server::Models(http::Response& res) const {
 void Server::Completion(const http::Request& req, http::Response& res, bool chat) {
   // A large body costs tens of times its size while it is parsed and tokenized: only a few are
   // at once, and the memory goes back to the system afterwards.
-  const bool large = req.body.size() > kLargeBodyBytes;
-  if (large) heavy_.acquire();
-  struct Heavy {
-    Server* server;
-    bool held;
-    ~Heavy() {
-      if (!held) return;
-      server->heavy_.release();
-      malloc_trim(0);
-    }
-  } heavy{this, large};
+  const LargeBodyTurn heavy(req.body.size() > kLargeBodyBytes ? &heavy_ : nullptr);
   nlohmann::json body;
   if (auto err = ParseJsonBody(req.body, &body)) return SendError(res, *err);
   CompletionRequest request;
   if (auto err = ParseCompletionRequest(body, chat, &request)) return SendError(res, *err);
   body = nullptr;  // the parsed request holds what is needed
-  if (!request.model.empty() && request.model != model_id_) {
-    return SendError(res, ApiError{404, "invalid_request_error",
-                                   "The model " + Quote(request.model) +
-                                       " does not exist; this server has '" + model_id_ + "'.",
-                                   "model", "model_not_found"});
-  }
   const kvserve::EngineOptions& eo = engine_->options();
-  if (request.gen.n > eo.n_parallel) {
-    return SendError(
-        res, ApiError{400,
-                      "invalid_request_error",
-                      "'n' is " + std::to_string(request.gen.n) + "; this server decodes at most " +
-                          std::to_string(eo.n_parallel) + " sequences at once (-np)",
-                      "n",
-                      {}});
-  }
-  // The request's budget against this server's guard: the first --kv-sink and the last
-  // --kv-window positions are never evicted, so a smaller budget could never be kept.
-  if (!request.gen.kv_budget.empty()) {
-    auto budget =
-        ParseKvBudget(request.gen.kv_budget, EvictionGuard{eo.kv_sink, eo.kv_window}, "kv_budget");
-    if (!budget.ok()) {
-      return SendError(
-          res, ApiError{400,
-                        "invalid_request_error",
-                        "'kv_budget' is " + request.gen.kv_budget +
-                            "; this server never evicts the first " + std::to_string(eo.kv_sink) +
-                            " nor the last " + std::to_string(eo.kv_window) +
-                            " positions of a sequence, so a budget must be at "
-                            "least " +
-                            std::to_string(eo.kv_sink + eo.kv_window),
-                        "kv_budget",
-                        {}});
-    }
-  }
+  if (auto err = CheckRequestFits(request, model_id_, eo)) return SendError(res, *err);
   std::vector<int32_t> prompt;
   if (auto err = PromptTokens(request, chat, "prompt", &prompt)) return SendError(res, *err);
-  const int32_t n_ctx = eo.n_ctx;
-  if (static_cast<int64_t>(prompt.size()) >= n_ctx) {
-    return SendError(res,
-                     ApiError{400, "invalid_request_error",
-                              "This model's maximum context length is " + std::to_string(n_ctx) +
-                                  " tokens; the prompt has " + std::to_string(prompt.size()) + ".",
-                              chat ? "messages" : "prompt", "context_length_exceeded"});
-  }
-  if (request.gen.logprobs >= 0) {
-    const int64_t tokens = request.gen.max_tokens > 0 ? request.gen.max_tokens
-                                                      : n_ctx - static_cast<int64_t>(prompt.size());
-    const int64_t entries = int64_t{request.gen.n} * tokens * (request.gen.logprobs + 1);
-    const int64_t cap = request.stream ? kMaxLogprobEntriesStreamed : kMaxLogprobEntries;
-    if (entries > cap) {
-      return SendError(
-          res, ApiError{400,
-                        "invalid_request_error",
-                        "n x max_tokens x (top_logprobs + 1) is " + std::to_string(entries) +
-                            " log-probabilities, more than the " + std::to_string(cap) +
-                            (request.stream ? " a streamed" : " a non-streamed") +
-                            " request may ask for; lower one of them" +
-                            (request.stream ? "" : ", or stream the response"),
-                        chat ? "top_logprobs" : "logprobs",
-                        {}});
-    }
+  if (auto err = CheckPromptFits(request, chat, prompt.size(), eo.n_ctx)) {
+    return SendError(res, *err);
   }
   const int64_t limit = eo.n_parallel + options_.max_queue;
   if (in_flight_.fetch_add(1) >= limit) {
@@ -322,13 +369,7 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
       &error);
   if (rid == 0) {
     in_flight_.fetch_sub(1);
-    const bool kv = error.find("KV memory") != std::string::npos;
-    const bool budget = error.rfind("kv_budget", 0) == 0;  // checked above; named if it slips by
-    return SendError(res, ApiError{400,
-                                   "invalid_request_error",
-                                   error,
-                                   budget ? "kv_budget" : (kv ? "max_tokens" : std::string()),
-                                   {}});
+    return SendError(res, SubmitRefusal(error));
   }
   {
     std::lock_guard lock(response_ids_mu_);
@@ -353,15 +394,7 @@ void Server::Completion(const http::Request& req, http::Response& res, bool chat
         server->in_flight_.fetch_sub(1);
       }
     } release{call.get(), this, rid};
-    // Once the engine is done, the rest must reach the client within --timeout: a client that
-    // reads too slowly to keep up must not hold its seat and its thread for ever.
-    const auto grace = options_.write_timeout;
-    call->OnEngineDone(
-        [&writer, grace] { writer.SetDeadline(std::chrono::steady_clock::now() + grace); });
-    const auto sink = [&writer](const std::string& s) { return writer.Write(s); };
-    bool done = false;
-    while (!done && call->Pump(sink, &done)) {
-    }
+    WriteResponse(*call, writer, options_.write_timeout);
   };
 }
 
