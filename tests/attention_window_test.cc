@@ -158,7 +158,9 @@ TEST(AttentionWindow, AQuerysBitsDoNotDependOnItsNeighbours) {
     SCOPED_TRACE(KvTypeName(t));
     WindowHead head(64, 64, 300, 11, t, t);
     std::vector<int32_t> n_keys, first;
-    Windowed(20, 270, 37, &n_keys, &first);  // first keys 234..253: blocks 14 and 15
+    // First keys 241..260: blocks 15 and 16, so that at the avx512 level a tile's pair 14 is
+    // before some of its windows and not others.
+    Windowed(20, 270, 30, &n_keys, &first);
     QueryRun together(20, 64, 64, 12);
     Attend(head.shape(), head.view, together.qp.data(), n_keys.data(), 20, together.op.data(),
            first.data());
@@ -185,12 +187,13 @@ TEST(AttentionWindow, AQuerysBitsDoNotDependOnItsNeighbours) {
 // Split-K: partitions on other threads, merged, give Attend's bits, windows starting in the
 // first partition and in the second (whose earlier partitions are then empty).
 TEST(AttentionWindow, PartitionsMergeToAttendsBits) {
-  WindowHead head(64, 64, 2200, 21, KvType::kF16, KvType::kF16);
+  // 3,300 keys: four partitions, of which a window of 200 leaves the first three empty.
+  WindowHead head(64, 64, 3300, 21, KvType::kF16, KvType::kF16);
   const AttentionShape shape = head.shape();
-  for (int32_t w : {200, 1500, 2200}) {
+  for (int32_t w : {200, 1500, 3300}) {
     SCOPED_TRACE("window " + std::to_string(w));
     std::vector<int32_t> n_keys, first;
-    Windowed(3, 2190, w, &n_keys, &first);
+    Windowed(3, 3290, w, &n_keys, &first);
     QueryRun direct(3, 64, 64, 22);
     Attend(shape, head.view, direct.qp.data(), n_keys.data(), 3, direct.op.data(), first.data());
     const int32_t parts = KeyPartitions(n_keys.back());

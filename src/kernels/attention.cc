@@ -89,6 +89,7 @@ void Attend(const AttentionShape& shape, const KvHeadView& kv, const float* cons
             const int32_t* n_keys, int n_queries, float* const* out, const int32_t* first_key) {
   const size_t hv_pad = AttentionPartialStride(shape);
   thread_local PreparedQueries prepared;
+  CheckKeyRanges(n_keys, first_key, n_queries);
   const WalkHead all = Prepare(shape, kv, q_in, n_queries, prepared);
   thread_local AlignedPtr<float> o_buffer, ml_buffer;
   thread_local size_t o_capacity = 0, ml_capacity = 0;
@@ -120,6 +121,7 @@ void AttendPartition(const AttentionShape& shape, const KvHeadView* heads, int n
                      const float* const* q, const int32_t* n_keys, int n, int32_t part,
                      const AttentionPartials& out, const int32_t* first_key) {
   KVS_CHECK(n >= 1 && n <= kWalkQueries && n_heads >= 1 && part >= 0);
+  CheckKeyRanges(n_keys, first_key, n);
   thread_local std::vector<PreparedQueries> prepared;
   thread_local std::vector<WalkHead> walk_heads;
   if (prepared.size() < static_cast<size_t>(n_heads)) prepared.resize(n_heads);

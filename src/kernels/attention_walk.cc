@@ -120,15 +120,15 @@ inline __m512 ValueLaneScale(const float* row_scales, int32_t c, int32_t group, 
 
 // o[i] = alpha[i] * o[i] + sum_j p[i][j] * v[j] over value rows lo[i] <= j < rows[i] of a pair of
 // blocks (rows 0..15 in vb[0], 16..31 in vb[1]; n_rows: the largest rows[i], vb[1] unread when
-// n_rows <= 16; lo[i] > 0 only for a sliding window's first pair, and vb[0] unread when every
-// lo[i] >= 16), 64 output dims at a time, the accumulators kept in registers across both blocks. o
-// rows are padded to hv_pad floats. Rows past a query's own are skipped, not added with weight 0: a
-// value the type stores as Inf (an f16 overflow) of a later key would make 0 * Inf = NaN for a
-// query that never sees that key, and its output would then depend on the queries beside it.
-// kWhole64: hv is a multiple of 64 (every head size the bench models have), so each pass takes
-// four full vectors; kGrouped: the type has group scales. Both compile-time, so that the row
-// loop is loads, widenings and FMAs with no lane masks or branches (the generic form spent more
-// time on them than on the FMAs).
+// n_rows <= 16; lo[i] > 0 for a sliding window's first pair, and n_rows for a query with no
+// keys in the pair; vb[0] unread when every lo[i] >= 16), 64 output dims at a time, the
+// accumulators kept in registers across both blocks. o rows are padded to hv_pad floats. Rows past
+// a query's own are skipped, not added with weight 0: a value the type stores as Inf (an f16
+// overflow) of a later key would make 0 * Inf = NaN for a query that never sees that key, and its
+// output would then depend on the queries beside it. kWhole64: hv is a multiple of 64 (every head
+// size the bench models have), so each pass takes four full vectors; kGrouped: the type has group
+// scales. Both compile-time, so that the row loop is loads, widenings and FMAs with no lane masks
+// or branches (the generic form spent more time on them than on the FMAs).
 template <class Codec, int Q, bool kWhole64, bool kGrouped>
 void AccumulateBlocks(KvType t, const uint8_t* const* vb, int32_t hv, int32_t group,
                       const float (*p)[32], const float* alpha, const int32_t* lo,
@@ -378,6 +378,8 @@ class QueryTile {
     const int32_t nb = std::min(n_blocks(), end);
     if (blk >= nb) return;
     const int n = blk + 1 < nb ? 2 : 1;
+    // A pair wholly before every query's window leaves the state as it is: not read at all.
+    if (min_first_key_ >= (blk + n) * kKvBlockTokens) return;
     __m512 s_raw[2][Q];
     const bool read_first = min_first_key_ < (blk + 1) * kKvBlockTokens;
     if (read_first) {

@@ -22,6 +22,8 @@ inline int32_t FirstKey(const int32_t* first_key, int i) {
   return first_key ? first_key[i] : 0;
 }
 int32_t MinFirstKey(const int32_t* first_key, int n);
+// Checks 0 <= first_key[i] < n_keys[i] (an empty window would have no softmax).
+void CheckKeyRanges(const int32_t* n_keys, const int32_t* first_key, int n);
 
 // Per query, the coefficients of q·R(p)·m in the RoPE table's rows (kv.k_offset set): for each
 // rotated pair (a, b) q_a m_a + q_b m_b on its cos row and q_b m_a - q_a m_b on its sin row.

@@ -20,6 +20,11 @@ int32_t MaxKeys(const int32_t* n_keys, int n) {
   return m;
 }
 
+void CheckKeyRanges(const int32_t* n_keys, const int32_t* first_key, int n) {
+  if (first_key == nullptr) return;
+  for (int i = 0; i < n; ++i) KVS_CHECK(first_key[i] >= 0 && first_key[i] < n_keys[i]);
+}
+
 int32_t MinFirstKey(const int32_t* first_key, int n) {
   if (first_key == nullptr) return 0;
   int32_t m = first_key[0];
