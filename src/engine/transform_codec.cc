@@ -242,6 +242,12 @@ Expected<std::vector<uint8_t>> TransformCodec::Encode(std::span<const uint8_t> b
       }
     }
   }
+  return Payload(codes, sinks, n, n_sink, first_position);
+}
+
+std::vector<uint8_t> TransformCodec::Payload(const std::vector<uint8_t>& codes,
+                                             const std::vector<uint16_t>& sinks, int32_t n,
+                                             int32_t n_sink, int32_t first_position) const {
   // Pack the codes at their bits, and try zstd over the byte codes: keep the smaller.
   std::vector<uint8_t> packed;
   {
@@ -334,6 +340,50 @@ bool TransformCodec::OtherFit(std::span<const uint8_t> payload) const {
   return p[4] != kPayloadVersion || !(fit == fit_digest_);
 }
 
+std::vector<size_t> TransformCodec::PackedLayerOffsets(int32_t n) const {
+  const KvGeometry& g = format_->geometry();
+  // Whole bytes per head (UnpackCodes').
+  std::vector<size_t> packed_at(g.n_layer + 1, 0);
+  for (int32_t l = 0; l < g.n_layer; ++l) {
+    size_t bytes = 0;
+    for (int32_t h = 0; h < g.n_head_kv; ++h) {
+      const size_t head = static_cast<size_t>(l) * g.n_head_kv + h;
+      for (const HeadCode* code : {&keys_[head], &values_[head]})
+        bytes += (static_cast<size_t>(code->total_bits()) * n + 7) / 8;
+    }
+    packed_at[l + 1] = packed_at[l] + bytes;
+  }
+  return packed_at;
+}
+
+bool TransformCodec::LayerCodes(size_t l, int32_t n, bool zstd, std::span<const uint8_t> body,
+                                const std::vector<size_t>& packed_at, uint8_t* codes) const {
+  const int32_t H = format_->geometry().n_head_kv;
+  uint8_t* out = codes + layer_code_offset_[l] * n;
+  size_t in = packed_at[l];
+  bool ok = true;
+  for (int32_t h = 0; h < H && n > 0; ++h) {
+    const size_t head = l * H + h;
+    for (const HeadCode* code : {&keys_[head], &values_[head]}) {
+      const size_t count = static_cast<size_t>(code->n_coded) * n;
+      if (zstd) {
+        for (size_t i = 0; i < static_cast<size_t>(code->n_coded); ++i) {
+          const uint8_t max = static_cast<uint8_t>((1u << code->bits[i]) - 1);
+          for (int32_t j = 0; j < n; ++j) ok = ok && out[i * n + j] <= max;
+        }
+      } else {
+        size_t used = 0;
+        if (!UnpackCodes(*code, body.subspan(in, packed_at[l + 1] - in), n, out, &used)) {
+          return false;
+        }
+        in += used;
+      }
+      out += count;
+    }
+  }
+  return ok;
+}
+
 Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint8_t>* block) const {
   const KvGeometry& g = format_->geometry();
   if (payload.size() < kPayloadHeaderBytes || std::memcmp(payload.data(), kPayloadMagic, 4) != 0) {
@@ -372,17 +422,7 @@ Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint
   const size_t n_codes = layer_code_offset_.back() * n;
   std::vector<uint8_t> codes(n_codes);
   const bool zstd = (flags & kFlagZstd) != 0;
-  // Where each layer's packed codes start in the body: whole bytes per head (UnpackCodes').
-  std::vector<size_t> packed_at(g.n_layer + 1, 0);
-  for (int32_t l = 0; l < g.n_layer; ++l) {
-    size_t bytes = 0;
-    for (int32_t h = 0; h < g.n_head_kv; ++h) {
-      const size_t head = static_cast<size_t>(l) * g.n_head_kv + h;
-      for (const HeadCode* code : {&keys_[head], &values_[head]})
-        bytes += (static_cast<size_t>(code->total_bits()) * n + 7) / 8;
-    }
-    packed_at[l + 1] = packed_at[l] + bytes;
-  }
+  const std::vector<size_t> packed_at = PackedLayerOffsets(n);
   if (zstd) {
     const size_t got = ZSTD_decompress(codes.data(), codes.size(), body.data(), body.size());
     if (ZSTD_isError(got) || got != n_codes) {
@@ -401,29 +441,9 @@ Status TransformCodec::Decode(std::span<const uint8_t> payload, std::vector<uint
   std::atomic<bool> bad_codes{false};
   const auto run = [&](int, size_t begin, size_t end) {
     for (size_t l = begin; l < end; ++l) {
-      uint8_t* out = codes.data() + layer_code_offset_[l] * n;
-      size_t in = packed_at[l];
-      for (int32_t h = 0; h < g.n_head_kv && n > 0; ++h) {
-        const size_t head = l * g.n_head_kv + h;
-        for (const HeadCode* code : {&keys_[head], &values_[head]}) {
-          const size_t count = static_cast<size_t>(code->n_coded) * n;
-          if (zstd) {
-            for (size_t i = 0; i < static_cast<size_t>(code->n_coded); ++i) {
-              const uint8_t max = static_cast<uint8_t>((1u << code->bits[i]) - 1);
-              for (int32_t j = 0; j < n; ++j) {
-                if (out[i * n + j] > max) bad_codes.store(true, std::memory_order_relaxed);
-              }
-            }
-          } else {
-            size_t used = 0;
-            if (!UnpackCodes(*code, body.subspan(in, packed_at[l + 1] - in), n, out, &used)) {
-              bad_codes.store(true, std::memory_order_relaxed);
-              return;
-            }
-            in += used;
-          }
-          out += count;
-        }
+      if (!LayerCodes(l, n, zstd, body, packed_at, codes.data())) {
+        bad_codes.store(true, std::memory_order_relaxed);
+        return;
       }
       if (bad_codes.load(std::memory_order_relaxed)) return;
       DecodeLayer(static_cast<int32_t>(l), views[l], codes.data(), layer_code_offset_[l] * n,

@@ -70,6 +70,17 @@ class TransformCodec : public KvBlockCodec {
   void Views(uint8_t* block, const float* rope_table, std::vector<KvLayerView>* views) const;
   void FillRope(int32_t first_position, std::vector<float>* cos_sin,
                 std::vector<float>* table) const;
+  // The payload around a block's byte codes [layer][head][K, V][n_coded][n] and its f16 sink
+  // vectors: the codes packed at their bits, or zstd's bytes where smaller, behind the header.
+  std::vector<uint8_t> Payload(const std::vector<uint8_t>& codes,
+                               const std::vector<uint16_t>& sinks, int32_t n, int32_t n_sink,
+                               int32_t first_position) const;
+  // Where each layer's packed codes of n positions start in a payload's body, and the end.
+  std::vector<size_t> PackedLayerOffsets(int32_t n) const;
+  // Layer l's byte codes of n positions into codes (its part of them), unpacked from the body at
+  // packed_at or, zstd's, range-checked where they already are; false: codes out of range.
+  bool LayerCodes(size_t l, int32_t n, bool zstd, std::span<const uint8_t> body,
+                  const std::vector<size_t>& packed_at, uint8_t* codes) const;
   // Writes layer l's decoded vectors into its view (one thread per layer).
   void DecodeLayer(int32_t l, const KvLayerView& view, const uint8_t* codes, size_t code_offset,
                    const uint16_t* sinks, int32_t n_sink, const float* cos_sin) const;

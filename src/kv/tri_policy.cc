@@ -44,9 +44,10 @@ TriPolicy::TriPolicy(std::shared_ptr<const TriCalibration> calibration)
                  ? calibration_->Validate()
                  : Status::Error("tri: no calibration (the engine measures it at start-up)")) {}
 
-Status TriPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
-  KVS_RETURN_IF_ERROR(valid_);
-  const TriCalibration& cal = *calibration_;
+namespace {
+
+Status CheckInput(const TriCalibration& cal, const EvictionInput& input,
+                  std::span<const float> scores) {
   if (input.n_slots < 0 || static_cast<int32_t>(scores.size()) != input.n_slots ||
       static_cast<int32_t>(input.positions.size()) != input.n_slots) {
     return Status::Error("tri: scores and positions must cover every slot");
@@ -70,7 +71,12 @@ Status TriPolicy::Score(const EvictionInput& input, std::span<float> scores) con
           "tri: a key at position %d, outside the sequence's %d positions", p, input.n_positions));
     }
   }
+  return Status::Ok();
+}
 
+// The layer's query centres, scaled by 1/sqrt(head_dim) and turned to the averaged future
+// position: [n_head][head_dim].
+std::vector<double> TurnedQueryCentres(const TriCalibration& cal, const EvictionInput& input) {
   // The predicted logit of key k_post (written at p, after RoPE) for the query centre q̄ at t:
   // q̄ᵀ R((p − t)θ) k_pre = (R(tθ) q̄)ᵀ R(pθ) k_pre = (R(tθ) q̄)ᵀ k_post. So instead of turning
   // every key back by its position and forward by each offset t − p (the per-slot trig series),
@@ -79,8 +85,8 @@ Status TriPolicy::Score(const EvictionInput& input, std::span<float> scores) con
   // centre turned by the averaged cos/sin: per slot and query head, head_dim multiply-adds.
   const int32_t half = cal.n_rot / 2, hd = cal.head_dim;
   std::vector<double> cos_avg(half, 0.0), sin_avg(half, 0.0);  // [n_rot/2]
-  const double n_off = static_cast<double>(kFutureOffsets.size());
-  for (int32_t d : kFutureOffsets) {
+  const double n_off = static_cast<double>(TriPolicy::kFutureOffsets.size());
+  for (int32_t d : TriPolicy::kFutureOffsets) {
     const double t = static_cast<double>(input.n_positions) + d;
     for (int32_t i = 0; i < half; ++i) {
       cos_avg[i] += std::cos(t * cal.theta[i]) / n_off;
@@ -101,6 +107,19 @@ Status TriPolicy::Score(const EvictionInput& input, std::span<float> scores) con
       q[pair.b] = a * sin_avg[i] + b * cos_avg[i];
     }
   }
+  return query;
+}
+
+}  // namespace
+
+Status TriPolicy::Score(const EvictionInput& input, std::span<float> scores) const {
+  KVS_RETURN_IF_ERROR(valid_);
+  const TriCalibration& cal = *calibration_;
+  KVS_RETURN_IF_ERROR(CheckInput(cal, input, scores));
+
+  const int32_t hd = cal.head_dim;
+  const int64_t per_slot = int64_t{cal.n_head_kv} * hd;
+  const std::vector<double> query = TurnedQueryCentres(cal, input);  // [n_head][head_dim]
 
   // A slot with a non-finite key (in any head) scores NaN, which SelectKept ranks last; it is
   // left out of the z-scores so that one broken key does not spoil every slot's score.
