@@ -358,15 +358,7 @@ std::vector<BlockHash> Engine::PromptBlockHashes(const std::vector<int32_t>& tok
   return hashes;
 }
 
-Status Engine::Step(EngineStepStats* stats) {
-  // The step's changes of the prefix index (and those of tasks run between steps) go out as one
-  // batch when it returns, whichever way it returns.
-  struct FlushEvents {
-    KvEventLog* log;
-    ~FlushEvents() {
-      if (log) log->Flush();
-    }
-  } flush_events{events_.get()};
+void Engine::TiersBeforePlan() {
   for (auto& t : tiers_) {
     if (!t) continue;
     t->BeforePlan(
@@ -377,8 +369,9 @@ Status Engine::Step(EngineStepStats* stats) {
         },
         step_cost_.ready() ? step_cost_.per_token() : 0);
   }
-  if (drafter_) AddLookahead();
-  const double step_start = clock_();
+}
+
+void Engine::SetStepTarget() {
   if (config_.max_step_ms > 0 && step_cost_.ready()) {
     scheduler_.set_step_token_cap(std::max(1, step_cost_.TokensWithin(config_.max_step_ms / 1e3)));
     // A fit of same-size steps (decodes only) shows no fixed cost: keep the last one seen
@@ -387,16 +380,88 @@ Status Engine::Step(EngineStepStats* stats) {
       scheduler_.set_step_overhead_tokens(overhead);
     }
   }
+}
+
+void Engine::WaitForTierLoad() {
+  // Nothing to compute but a load from a tier: wait for it here rather than spin.
+  for (auto& t : tiers_) {
+    if (t && t->loads_outstanding()) {
+      t->WaitForLoad(5);
+      break;
+    }
+  }
+}
+
+void Engine::ProcessRun(size_t i, const float* logits) {
+  const ScheduledRun& r = runs_[i];
+  Sequence* seq = r.seq;
+  if (seq->n_in_flight > 0) {
+    VerifyAndEmit(seq, i, logits);
+    return;
+  }
+  seq->AdvanceComputed(r.n_tokens);
+  // Only committed tokens are hashed, so only they can enter the prefix cache; a sequence
+  // that evicted holds other tokens in its blocks than its hashes name, so it never commits.
+  if (seq->n_evicted == 0) {
+    kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
+    kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed, seq->tokens);
+    TiersAfterCommit(*seq);
+  }
+  if (r.n_logits == 0) {
+    EvictIfDue(seq, EvictionPoint::kPrefillChunk);
+    return;
+  }
+  // Before the fork: the choices of a request share the compacted prompt.
+  const bool prefill = r.n_tokens > 1 || seq->n_output() == 0;
+  if (!EvictIfDue(seq, prefill ? EvictionPoint::kPrefillEnd : EvictionPoint::kDecode)) return;
+  std::vector<Sequence*> choices{seq};
+  if (seq->seats > 1) {
+    Fork(seq);
+    for (Sequence* s : requests_.at(seq->request).live) {
+      if (s != seq) choices.push_back(s);
+    }
+  }
+  for (Sequence* s : choices) SampleAndEmit(s, logits);
+}
+
+void Engine::FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) const {
+  stats->n_tokens = 0;
+  for (const ScheduledRun& r : runs_) stats->n_tokens += r.n_tokens;
+  stats->n_preempted = static_cast<int32_t>(plan.preempt.size());
+  stats->prefix_queries = scheduler_.prefix_queries();
+  stats->prefix_hits = scheduler_.prefix_hits();
+  stats->spec_drafts = spec_drafts_;
+  stats->spec_draft_tokens = spec_draft_tokens_;
+  stats->spec_accepted_tokens = spec_accepted_tokens_;
+  stats->evicted_tokens = evicted_tokens_;
+  stats->compactions = compactions_;
+  stats->blocks_freed_by_compaction = blocks_freed_by_compaction_;
+  stats->n_running = static_cast<int32_t>(scheduler_.running().size());
+  stats->n_waiting = static_cast<int32_t>(scheduler_.waiting().size());
+  for (const Sequence* s : scheduler_.running()) {
+    stats->used_positions += kv_.Table(s->id).num_tokens;
+  }
+  stats->reserved_positions =
+      static_cast<int64_t>(kv_.num_usable_blocks() - kv_.num_free_blocks()) * kv_.block_size();
+}
+
+Status Engine::Step(EngineStepStats* stats) {
+  // The step's changes of the prefix index (and those of tasks run between steps) go out as one
+  // batch when it returns, whichever way it returns.
+  struct FlushEvents {
+    KvEventLog* log;
+    ~FlushEvents() {
+      if (log) log->Flush();
+    }
+  } flush_events{events_.get()};
+  TiersBeforePlan();
+  if (drafter_) AddLookahead();
+  const double step_start = clock_();
+  SetStepTarget();
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};
   if (plan.empty()) {
-    // Nothing to compute but a load from a tier: wait for it here rather than spin.
-    for (auto& t : tiers_) {
-      if (t && t->loads_outstanding()) {
-        t->WaitForLoad(5);
-        break;
-      }
-    }
+    WaitForTierLoad();
     return Status::Ok();
   }
   copies_.clear();
@@ -421,47 +486,11 @@ Status Engine::Step(EngineStepStats* stats) {
     for (const ScheduledRun& r : runs_) Finish(r.seq, FinishReason::kError, -1, status.message());
     return status;
   }
-  if (stats) {
-    stats->n_tokens = 0;
-    for (const ScheduledRun& r : runs_) stats->n_tokens += r.n_tokens;
-    stats->n_preempted = static_cast<int32_t>(plan.preempt.size());
-  }
-
   // Runs are never finished sequences, and sampling only retires the sequence it samples.
   int32_t row = 0;
   for (size_t i = 0; i < runs_.size(); ++i) {
-    const ScheduledRun& r = runs_[i];
-    Sequence* seq = r.seq;
-    const float* logits = logits_.data() + static_cast<size_t>(row) * runner_.n_vocab();
-    row += r.n_logits;
-    if (seq->n_in_flight > 0) {
-      VerifyAndEmit(seq, i, logits);
-      continue;
-    }
-    seq->AdvanceComputed(r.n_tokens);
-    // Only committed tokens are hashed, so only they can enter the prefix cache; a sequence
-    // that evicted holds other tokens in its blocks than its hashes name, so it never commits.
-    if (seq->n_evicted == 0) {
-      kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key,
-                         &seq->block_hashes);
-      kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed, seq->tokens);
-      TiersAfterCommit(*seq);
-    }
-    if (r.n_logits == 0) {
-      EvictIfDue(seq, EvictionPoint::kPrefillChunk);
-      continue;
-    }
-    // Before the fork: the choices of a request share the compacted prompt.
-    const bool prefill = r.n_tokens > 1 || seq->n_output() == 0;
-    if (!EvictIfDue(seq, prefill ? EvictionPoint::kPrefillEnd : EvictionPoint::kDecode)) continue;
-    std::vector<Sequence*> choices{seq};
-    if (seq->seats > 1) {
-      Fork(seq);
-      for (Sequence* s : requests_.at(seq->request).live) {
-        if (s != seq) choices.push_back(s);
-      }
-    }
-    for (Sequence* s : choices) SampleAndEmit(s, logits);
+    ProcessRun(i, logits_.data() + static_cast<size_t>(row) * runner_.n_vocab());
+    row += runs_[i].n_logits;
   }
   // Lookahead the plan left out (no budget for it) is dropped: drafts live for one step.
   for (Sequence* seq : scheduler_.running()) DropDrafts(seq);
@@ -473,23 +502,7 @@ Status Engine::Step(EngineStepStats* stats) {
     const Status integrity = kv_.VerifyIntegrity();
     KVS_CHECK_MSG(integrity.ok(), integrity.message().c_str());
   }
-  if (stats) {
-    stats->prefix_queries = scheduler_.prefix_queries();
-    stats->prefix_hits = scheduler_.prefix_hits();
-    stats->spec_drafts = spec_drafts_;
-    stats->spec_draft_tokens = spec_draft_tokens_;
-    stats->spec_accepted_tokens = spec_accepted_tokens_;
-    stats->evicted_tokens = evicted_tokens_;
-    stats->compactions = compactions_;
-    stats->blocks_freed_by_compaction = blocks_freed_by_compaction_;
-    stats->n_running = static_cast<int32_t>(scheduler_.running().size());
-    stats->n_waiting = static_cast<int32_t>(scheduler_.waiting().size());
-    for (const Sequence* s : scheduler_.running()) {
-      stats->used_positions += kv_.Table(s->id).num_tokens;
-    }
-    stats->reserved_positions =
-        static_cast<int64_t>(kv_.num_usable_blocks() - kv_.num_free_blocks()) * kv_.block_size();
-  }
+  if (stats) FillStepStats(plan, stats);
   return Status::Ok();
 }
 

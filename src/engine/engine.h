@@ -155,6 +155,13 @@ class Engine {
   void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
   // The sequence committed blocks: every tier offers them for writing.
   void TiersAfterCommit(Sequence& seq);
+  // Step's parts, in its order: the tiers' lookups and loads, the stall-free step target, a wait
+  // on a tier's load when there is nothing else to do, one run's results, the step's stats.
+  void TiersBeforePlan();
+  void SetStepTarget();
+  void WaitForTierLoad();
+  void ProcessRun(size_t run, const float* logits);
+  void FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) const;
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
 

@@ -219,9 +219,7 @@ void KvTier::OnUncache(BlockId id, const BlockHash& hash, bool reused) {
   unsaved_.erase(it);
 }
 
-void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waiting,
-                        const std::function<Sequence*(SeqId)>& find,
-                        double compute_seconds_per_token) {
+void KvTier::CollectLoads(KvCacheManager& kv, const std::function<Sequence*(SeqId)>& find) {
   const int32_t bs = kv.block_size();
   for (const LoadResult& r : loader_->TakeDone()) {
     auto it = loads_.find(r.ticket);
@@ -234,87 +232,99 @@ void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waitin
     bytes_read_ += r.bytes_read;
     loaded_tokens_ += int64_t{r.n_loaded} * bs;
     load_ns_ += static_cast<int64_t>(r.seconds * 1e9);
-    if (r.deadline_passed && load_deadlines_++ == 0) {
-      KVS_LOG_WARN(
-          "kv %.*s: a load ran past its deadline (the store answers slower than "
-          "computing the tokens would): the rest was computed (logged once)",
-          static_cast<int>(store_->name().size()), store_->name().data());
-    }
-    if (r.corrupt) {
-      KVS_LOG_WARN("kv %.*s: %d stored block(s) failed a check, recomputed (and removed%s): %s",
-                   static_cast<int>(store_->name().size()), store_->name().data(), r.corrupt,
-                   store_->KnowsContents()
-                       ? ", unless a directory with contents holds the name: then never used"
-                       : "",
-                   r.error.c_str());
-    }
-    if (!other_codec_logged_ && loader_->other_codec_blocks() > 0) {
-      other_codec_logged_ = true;
-      KVS_LOG_WARN(
-          "kv %.*s: stored blocks were written with other codec settings (another tc budget, "
-          "calibration or none): recomputed and stored again with this tier's (logged once)",
-          static_cast<int>(store_->name().size()), store_->name().data());
-    }
+    LogLoad(r);
     if (Sequence* seq = find(load.seq)) {
       seq->kv_loading = false;
       seq->tier_tokens[static_cast<int>(slot_)] += r.n_loaded * bs;
     }
     loads_.erase(it);
   }
-  const bool available = store_->Available();
-  for (Sequence* seq : waiting) {
-    // A tier above this one loads it first (or it is loading from this one).
-    if (seq->kv_loading || (seq->tiers_probed & bit())) continue;
-    seq->tiers_probed |= bit();
-    const int32_t n = seq->n_committed();
-    if (n < 1) continue;
-    // The blocks a match may use: whole ones, never the last token's (KvCacheManager::Match).
-    const size_t usable = std::min(seq->block_hashes.size(), static_cast<size_t>((n - 1) / bs));
-    const size_t in_ram = kv.Match(seq->block_hashes, n).blocks.size();
-    if (!available) {
-      misses_ += static_cast<int64_t>(usable - std::min(usable, in_ram));
-      continue;
-    }
-    size_t on_disk = 0;
-    if (store_->KnowsContents()) {
-      while (in_ram + on_disk < usable && store_->Contains(seq->block_hashes[in_ram + on_disk])) {
-        ++on_disk;
-      }
-    } else {
-      on_disk = usable - in_ram;  // asked by the loader; what it does not find goes back
-    }
-    const int32_t room = kv.num_free_blocks() - kv.watermark_blocks();
-    // No free block to load into while running sequences hold the pool: asked again at the next
-    // step (the sequence waits for room either way; once blocks free up, loading beats
-    // recomputing).
-    if (on_disk > 0 && room <= 0) {
-      seq->tiers_probed &= static_cast<uint8_t>(~bit());
-      continue;
-    }
-    const size_t take = std::min<size_t>(on_disk, static_cast<size_t>(std::max(room, 0)));
-    misses_ += static_cast<int64_t>(usable - in_ram - take);
-    if (take == 0) continue;
-    LoadJob job;
-    job.ticket = next_ticket_++;
-    if (!kv.HoldBlocks(static_cast<int32_t>(take), &job.blocks)) continue;
-    job.hashes.assign(seq->block_hashes.begin() + in_ram,
-                      seq->block_hashes.begin() + in_ram + take);
-    job.first_parent = in_ram == 0 ? BlockHash{} : seq->block_hashes[in_ram - 1];
-    job.tokens.assign(seq->tokens.begin() + in_ram * bs,
-                      seq->tokens.begin() + (in_ram + take) * bs);
-    if (redis_) {
-      // Worth waiting for only while faster than computing: a slow store (or a load queued
-      // behind one) must not hold the sequence longer than its prefill would take.
-      const double budget_s = std::max(static_cast<double>(redis_->config().timeout_ms) / 1e3,
-                                       compute_seconds_per_token * static_cast<double>(take) * bs);
-      job.deadline = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(budget_s));
-    }
-    loads_.emplace(job.ticket, Load{seq->id, job.blocks, job.hashes, job.first_parent, job.tokens});
-    seq->kv_loading = true;
-    loader_->Submit(std::move(job));
+}
+
+void KvTier::LogLoad(const LoadResult& r) {
+  if (r.deadline_passed && load_deadlines_++ == 0) {
+    KVS_LOG_WARN(
+        "kv %.*s: a load ran past its deadline (the store answers slower than "
+        "computing the tokens would): the rest was computed (logged once)",
+        static_cast<int>(store_->name().size()), store_->name().data());
   }
+  if (r.corrupt) {
+    KVS_LOG_WARN("kv %.*s: %d stored block(s) failed a check, recomputed (and removed%s): %s",
+                 static_cast<int>(store_->name().size()), store_->name().data(), r.corrupt,
+                 store_->KnowsContents()
+                     ? ", unless a directory with contents holds the name: then never used"
+                     : "",
+                 r.error.c_str());
+  }
+  if (!other_codec_logged_ && loader_->other_codec_blocks() > 0) {
+    other_codec_logged_ = true;
+    KVS_LOG_WARN(
+        "kv %.*s: stored blocks were written with other codec settings (another tc budget, "
+        "calibration or none): recomputed and stored again with this tier's (logged once)",
+        static_cast<int>(store_->name().size()), store_->name().data());
+  }
+}
+
+void KvTier::StartLoad(KvCacheManager& kv, Sequence* seq, bool available,
+                       double compute_seconds_per_token) {
+  const int32_t bs = kv.block_size();
+  // A tier above this one loads it first (or it is loading from this one).
+  if (seq->kv_loading || (seq->tiers_probed & bit())) return;
+  seq->tiers_probed |= bit();
+  const int32_t n = seq->n_committed();
+  if (n < 1) return;
+  // The blocks a match may use: whole ones, never the last token's (KvCacheManager::Match).
+  const size_t usable = std::min(seq->block_hashes.size(), static_cast<size_t>((n - 1) / bs));
+  const size_t in_ram = kv.Match(seq->block_hashes, n).blocks.size();
+  if (!available) {
+    misses_ += static_cast<int64_t>(usable - std::min(usable, in_ram));
+    return;
+  }
+  size_t on_disk = 0;
+  if (store_->KnowsContents()) {
+    while (in_ram + on_disk < usable && store_->Contains(seq->block_hashes[in_ram + on_disk])) {
+      ++on_disk;
+    }
+  } else {
+    on_disk = usable - in_ram;  // asked by the loader; what it does not find goes back
+  }
+  const int32_t room = kv.num_free_blocks() - kv.watermark_blocks();
+  // No free block to load into while running sequences hold the pool: asked again at the next
+  // step (the sequence waits for room either way; once blocks free up, loading beats
+  // recomputing).
+  if (on_disk > 0 && room <= 0) {
+    seq->tiers_probed &= static_cast<uint8_t>(~bit());
+    return;
+  }
+  const size_t take = std::min<size_t>(on_disk, static_cast<size_t>(std::max(room, 0)));
+  misses_ += static_cast<int64_t>(usable - in_ram - take);
+  if (take == 0) return;
+  LoadJob job;
+  job.ticket = next_ticket_++;
+  if (!kv.HoldBlocks(static_cast<int32_t>(take), &job.blocks)) return;
+  job.hashes.assign(seq->block_hashes.begin() + in_ram, seq->block_hashes.begin() + in_ram + take);
+  job.first_parent = in_ram == 0 ? BlockHash{} : seq->block_hashes[in_ram - 1];
+  job.tokens.assign(seq->tokens.begin() + in_ram * bs, seq->tokens.begin() + (in_ram + take) * bs);
+  if (redis_) {
+    // Worth waiting for only while faster than computing: a slow store (or a load queued
+    // behind one) must not hold the sequence longer than its prefill would take.
+    const double budget_s = std::max(static_cast<double>(redis_->config().timeout_ms) / 1e3,
+                                     compute_seconds_per_token * static_cast<double>(take) * bs);
+    job.deadline = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(budget_s));
+  }
+  loads_.emplace(job.ticket, Load{seq->id, job.blocks, job.hashes, job.first_parent, job.tokens});
+  seq->kv_loading = true;
+  loader_->Submit(std::move(job));
+}
+
+void KvTier::BeforePlan(KvCacheManager& kv, const std::vector<Sequence*>& waiting,
+                        const std::function<Sequence*(SeqId)>& find,
+                        double compute_seconds_per_token) {
+  CollectLoads(kv, find);
+  const bool available = store_->Available();
+  for (Sequence* seq : waiting) StartLoad(kv, seq, available, compute_seconds_per_token);
 }
 
 int64_t KvTier::Flush(const KvCacheManager& kv, bool wait) {

@@ -157,6 +157,13 @@ class KvTier {
   bool WaitForWrites(int64_t timeout_ms);
 
  private:
+  // BeforePlan's parts: finished loads' blocks into the prefix index (and their problems
+  // logged, once each kind), then a load started for one waiting sequence whose prefix
+  // continues in this tier.
+  void CollectLoads(KvCacheManager& kv, const std::function<Sequence*(SeqId)>& find);
+  void LogLoad(const LoadResult& r);
+  void StartLoad(KvCacheManager& kv, Sequence* seq, bool available,
+                 double compute_seconds_per_token);
   struct BlockMeta {
     BlockHash parent;
     std::vector<int32_t> tokens;

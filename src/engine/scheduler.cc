@@ -82,10 +82,34 @@ int32_t Scheduler::AdmissionBlocks(const Sequence& seq, int32_t n_tokens) const 
 
 SchedulePlan Scheduler::Plan() const {
   SchedulePlan plan;
-  int32_t free = kv_.num_free_blocks();
-  int32_t budget = config_.max_batch_tokens;
-  std::vector<const Sequence*> scheduled;
+  PlanState st;
+  st.free = kv_.num_free_blocks();
+  st.budget = config_.max_batch_tokens;
+  st.prefill_budget = st.budget;
+  PlanRunning(plan, st);
+  CloseDecodes(plan, st);
+  // Admissions, in queue order, never past a sequence that does not fit (no overtaking).
+  if (plan.preempt.empty()) PlanAdmissions(plan, st);
+  for (const ScheduledRun& r : plan.runs) plan.n_tokens += r.n_tokens;
+  return plan;
+}
 
+void Scheduler::CloseDecodes(const SchedulePlan& plan, PlanState& st) const {
+  if (st.decodes_planned) return;
+  st.decodes_planned = true;
+  const bool decoding = !plan.runs.empty();
+  const int32_t used = config_.max_batch_tokens - st.budget;
+  if (step_token_cap_ > 0 && decoding) {
+    st.prefill_budget = std::max(step_token_cap_ - used, kMinPrefillTokens);
+  }
+  if (step_overhead_tokens_ > 0 && decoding) {
+    st.prefill_budget =
+        std::min(st.prefill_budget, std::max(step_overhead_tokens_ + used, kMinPrefillTokens));
+  }
+  st.prefill_budget = std::min(st.prefill_budget, st.budget);
+}
+
+void Scheduler::PlanRunning(SchedulePlan& plan, PlanState& st) const {
   // Running sequences: decodes first, then prefill chunks, each group in queue order.
   std::vector<Sequence*> order;
   for (Sequence* s : running_) {
@@ -94,86 +118,66 @@ SchedulePlan Scheduler::Plan() const {
   for (Sequence* s : running_) {
     if (s->in_prefill()) order.push_back(s);
   }
-  // Prefill's share of the budget, fixed once the decodes are planned (stall-free batching).
-  int32_t prefill_budget = budget;
-  bool decodes_planned = false;
-  const auto close_decodes = [&] {
-    if (decodes_planned) return;
-    decodes_planned = true;
-    const bool decoding = !plan.runs.empty();
-    const int32_t used = config_.max_batch_tokens - budget;
-    if (step_token_cap_ > 0 && decoding) {
-      prefill_budget = std::max(step_token_cap_ - used, kMinPrefillTokens);
-    }
-    if (step_overhead_tokens_ > 0 && decoding) {
-      prefill_budget =
-          std::min(prefill_budget, std::max(step_overhead_tokens_ + used, kMinPrefillTokens));
-    }
-    prefill_budget = std::min(prefill_budget, budget);
-  };
   for (Sequence* seq : order) {
     const bool prefill = seq->in_prefill();
-    if (prefill) close_decodes();
-    if (budget == 0) break;
+    if (prefill) CloseDecodes(plan, st);
+    if (st.budget == 0) break;
     if (Contains(plan.preempt, seq)) continue;
-    const int32_t n = std::min({ChunkCap(*seq), budget, CutByTime(*seq) ? prefill_budget : budget});
+    const int32_t n =
+        std::min({ChunkCap(*seq), st.budget, CutByTime(*seq) ? st.prefill_budget : st.budget});
     if (n <= 0) continue;
     const int32_t need = kv_.BlocksToAppend(seq->id, n);
-    while (need > free) {
+    while (need > st.free) {
       // The victim: the last running sequence in queue order not yet planned, else seq itself.
       Sequence* victim = seq;
       for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
         if (*it != seq && !Contains(plan.preempt, *it) &&
-            std::find(scheduled.begin(), scheduled.end(), *it) == scheduled.end()) {
+            std::find(st.scheduled.begin(), st.scheduled.end(), *it) == st.scheduled.end()) {
           victim = *it;
           break;
         }
       }
       plan.preempt.push_back(victim);
-      free += kv_.BlocksFreedBy(victim->id);
+      st.free += kv_.BlocksFreedBy(victim->id);
       if (victim == seq) break;
     }
     if (Contains(plan.preempt, seq)) continue;
     plan.runs.push_back({seq, n, LogitRows(*seq, seq->n_computed, n)});
-    scheduled.push_back(seq);
-    free -= need;
-    budget -= n;
-    if (prefill) prefill_budget = std::max(0, prefill_budget - n);
+    st.scheduled.push_back(seq);
+    st.free -= need;
+    st.budget -= n;
+    if (prefill) st.prefill_budget = std::max(0, st.prefill_budget - n);
   }
-  close_decodes();
+}
 
-  // Admissions, in queue order, never past a sequence that does not fit (no overtaking).
-  if (plan.preempt.empty()) {
-    int32_t seats = running_seats();
-    for (Sequence* seq : waiting_) {
-      if (budget == 0 || seats + seq->seats > config_.max_seqs) break;
-      const int32_t share = CutByTime(*seq) ? prefill_budget : budget;
-      if (share == 0) break;
-      // Its prefix is being loaded from a lower tier: later sequences go first meanwhile (as
-      // vLLM's requests waiting for remote KV), and it is admitted once the load ended.
-      if (seq->kv_loading) continue;
-      // The cached prefix is shared, not computed: only the rest is prefilled. Its blocks were
-      // hashed when the sequence was queued (AddWaiting).
-      PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());
-      const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), share);
-      const int32_t need = prefix.blocks.empty()
-                               ? AdmissionBlocks(*seq, n)
-                               : kv_.BlocksFor(prefix.n_tokens + n) -
-                                     static_cast<int32_t>(prefix.blocks.size()) + prefix.n_free;
-      if (free - need < kv_.watermark_blocks()) break;
-      // Apply moves n_computed to the end of the cached prefix: the run starts there.
-      const int32_t first = prefix.blocks.empty() ? seq->n_computed : prefix.n_tokens;
-      plan.admit.push_back(seq);
-      plan.admit_prefix.push_back(std::move(prefix));
-      plan.runs.push_back({seq, n, LogitRows(*seq, first, n)});
-      free -= need;
-      budget -= n;
-      prefill_budget = std::max(0, prefill_budget - n);
-      seats += seq->seats;
-    }
+void Scheduler::PlanAdmissions(SchedulePlan& plan, PlanState& st) const {
+  int32_t seats = running_seats();
+  for (Sequence* seq : waiting_) {
+    if (st.budget == 0 || seats + seq->seats > config_.max_seqs) break;
+    const int32_t share = CutByTime(*seq) ? st.prefill_budget : st.budget;
+    if (share == 0) break;
+    // Its prefix is being loaded from a lower tier: later sequences go first meanwhile (as
+    // vLLM's requests waiting for remote KV), and it is admitted once the load ended.
+    if (seq->kv_loading) continue;
+    // The cached prefix is shared, not computed: only the rest is prefilled. Its blocks were
+    // hashed when the sequence was queued (AddWaiting).
+    PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());
+    const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), share);
+    const int32_t need = prefix.blocks.empty()
+                             ? AdmissionBlocks(*seq, n)
+                             : kv_.BlocksFor(prefix.n_tokens + n) -
+                                   static_cast<int32_t>(prefix.blocks.size()) + prefix.n_free;
+    if (st.free - need < kv_.watermark_blocks()) break;
+    // Apply moves n_computed to the end of the cached prefix: the run starts there.
+    const int32_t first = prefix.blocks.empty() ? seq->n_computed : prefix.n_tokens;
+    plan.admit.push_back(seq);
+    plan.admit_prefix.push_back(std::move(prefix));
+    plan.runs.push_back({seq, n, LogitRows(*seq, first, n)});
+    st.free -= need;
+    st.budget -= n;
+    st.prefill_budget = std::max(0, st.prefill_budget - n);
+    seats += seq->seats;
   }
-  for (const ScheduledRun& r : plan.runs) plan.n_tokens += r.n_tokens;
-  return plan;
 }
 
 void Scheduler::Apply(const SchedulePlan& plan, std::vector<BlockCopy>* copies) {

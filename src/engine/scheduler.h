@@ -94,6 +94,21 @@ class Scheduler {
   int32_t AdmissionBlocks(const Sequence& seq, int32_t n_tokens) const;
 
  private:
+  // What planning a step has left: free blocks, the token budget, prefill's share of it (fixed
+  // once the decodes are planned: stall-free batching), and the sequences planned so far.
+  struct PlanState {
+    int32_t free = 0;
+    int32_t budget = 0;
+    int32_t prefill_budget = 0;
+    bool decodes_planned = false;
+    std::vector<const Sequence*> scheduled;
+  };
+  // Plan's three parts: running sequences (decodes first, then prefill chunks, preempting the
+  // last in queue order when blocks run out), prefill's share once the decodes are planned, and
+  // admissions in queue order.
+  void PlanRunning(SchedulePlan& plan, PlanState& st) const;
+  void CloseDecodes(const SchedulePlan& plan, PlanState& st) const;
+  void PlanAdmissions(SchedulePlan& plan, PlanState& st) const;
   KvCacheManager& kv_;
   SchedulerConfig config_;
   std::vector<Sequence*> running_;  // in queue order: priority high to low, then arrival

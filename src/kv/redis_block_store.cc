@@ -426,6 +426,67 @@ Status RedisBlockStore::Put(const BlockHash& hash, std::span<const uint8_t> file
   return Status::Ok();
 }
 
+// One round trip: every command goes out before the first reply is read. STRLEN first, so that
+// a huge value under a block's key (someone else's, or a broken writer's) is never read:
+// GETRANGE reads at most a block file's bound.
+void RedisBlockStore::AppendLookups(redisContext* c, std::span<const BlockHash> hashes) const {
+  const std::string last =
+      config_.max_value_bytes > 0 ? std::to_string(config_.max_value_bytes - 1) : "-1";
+  for (const BlockHash& hash : hashes) {
+    const std::string key = KeyOf(hash);
+    const char* strlen_argv[2] = {"STRLEN", key.c_str()};
+    const size_t strlen_lens[2] = {6, key.size()};
+    redisAppendCommandArgv(c, 2, strlen_argv, strlen_lens);
+    const char* range_argv[4] = {"GETRANGE", key.c_str(), "0", last.c_str()};
+    const size_t range_lens[4] = {8, key.size(), 1, last.size()};
+    redisAppendCommandArgv(c, 4, range_argv, range_lens);
+  }
+}
+
+void RedisBlockStore::ReadLookup(const BlockHash& hash, const redisReply& length,
+                                 const redisReply& value, StoredBlock& b) {
+  const redisReply* error = length.type == REDIS_REPLY_ERROR  ? &length
+                            : value.type == REDIS_REPLY_ERROR ? &value
+                                                              : nullptr;
+  if (error && std::string_view(error->str ? error->str : "").rfind("WRONGTYPE", 0) != 0) {
+    // Refused (NOPERM: an ACL without these keys or commands; BUSY: a script runs): the
+    // store cannot be asked now; the block is not at fault, so it stays. Logged once.
+    b.state = StoredBlock::State::kUnavailable;
+    b.error = std::string("redis: ") + (error->str ? error->str : "error");
+    ++misses_;
+    ++errors_;
+    if (!refusal_logged_.exchange(true)) {
+      KVS_LOG_WARN("kv redis: %s refuses lookups (%s): they miss (logged once)",
+                   config_.endpoint.Display().c_str(), error->str ? error->str : "error");
+    }
+  } else if (error || length.type != REDIS_REPLY_INTEGER || value.type != REDIS_REPLY_STRING) {
+    // WRONGTYPE, or replies of other shapes: something else lives under the block's key.
+    b.state = StoredBlock::State::kUnreadable;
+    b.error = std::string("redis: ") +
+              (error && error->str ? error->str : "a value that is not a string");
+    ++misses_;
+  } else if (config_.max_value_bytes > 0 && length.integer > config_.max_value_bytes) {
+    b.state = StoredBlock::State::kUnreadable;
+    b.error = StrFormat("redis: a value of %lld bytes, larger than any block file can be (%lld)",
+                        static_cast<long long>(length.integer),
+                        static_cast<long long>(config_.max_value_bytes));
+    ++misses_;
+  } else if (value.len == 0) {
+    // No key (or an empty value, which no block file is: rewritten when recomputed).
+    b.state = StoredBlock::State::kAbsent;
+    ++misses_;
+    Remember(hash, false);
+  } else {
+    b.state = StoredBlock::State::kFound;
+    // As bytes (a char range would be copied element by element, converting).
+    const auto* data = reinterpret_cast<const uint8_t*>(value.str);
+    b.bytes.assign(data, data + value.len);
+    bytes_read_ += static_cast<int64_t>(value.len);
+    ++hits_;
+    Remember(hash, true);
+  }
+}
+
 std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> hashes) {
   std::vector<StoredBlock> out(hashes.size());
   std::string why;
@@ -441,17 +502,7 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
   // One round trip: every command goes out before the first reply is read. STRLEN first, so
   // that a huge value under a block's key (someone else's, or a broken writer's) is never read:
   // GETRANGE reads at most a block file's bound.
-  const std::string last =
-      config_.max_value_bytes > 0 ? std::to_string(config_.max_value_bytes - 1) : "-1";
-  for (const BlockHash& hash : hashes) {
-    const std::string key = KeyOf(hash);
-    const char* strlen_argv[2] = {"STRLEN", key.c_str()};
-    const size_t strlen_lens[2] = {6, key.size()};
-    redisAppendCommandArgv(c, 2, strlen_argv, strlen_lens);
-    const char* range_argv[4] = {"GETRANGE", key.c_str(), "0", last.c_str()};
-    const size_t range_lens[4] = {8, key.size(), 1, last.size()};
-    redisAppendCommandArgv(c, 4, range_argv, range_lens);
-  }
+  AppendLookups(c, hashes);
   bool ok = true;
   // One deadline for the batch: a slow or trickling server costs at most the timeout.
   const auto deadline = Clock::now() + std::chrono::milliseconds(config_.timeout_ms);
@@ -474,46 +525,7 @@ std::vector<StoredBlock> RedisBlockStore::GetMany(std::span<const BlockHash> has
       ++misses_;
       continue;
     }
-    const redisReply* error = length->type == REDIS_REPLY_ERROR  ? length.get()
-                              : value->type == REDIS_REPLY_ERROR ? value.get()
-                                                                 : nullptr;
-    if (error && std::string_view(error->str ? error->str : "").rfind("WRONGTYPE", 0) != 0) {
-      // Refused (NOPERM: an ACL without these keys or commands; BUSY: a script runs): the
-      // store cannot be asked now; the block is not at fault, so it stays. Logged once.
-      b.state = StoredBlock::State::kUnavailable;
-      b.error = std::string("redis: ") + (error->str ? error->str : "error");
-      ++misses_;
-      ++errors_;
-      if (!refusal_logged_.exchange(true)) {
-        KVS_LOG_WARN("kv redis: %s refuses lookups (%s): they miss (logged once)",
-                     config_.endpoint.Display().c_str(), error->str ? error->str : "error");
-      }
-    } else if (error || length->type != REDIS_REPLY_INTEGER || value->type != REDIS_REPLY_STRING) {
-      // WRONGTYPE, or replies of other shapes: something else lives under the block's key.
-      b.state = StoredBlock::State::kUnreadable;
-      b.error = std::string("redis: ") +
-                (error && error->str ? error->str : "a value that is not a string");
-      ++misses_;
-    } else if (config_.max_value_bytes > 0 && length->integer > config_.max_value_bytes) {
-      b.state = StoredBlock::State::kUnreadable;
-      b.error = StrFormat("redis: a value of %lld bytes, larger than any block file can be (%lld)",
-                          static_cast<long long>(length->integer),
-                          static_cast<long long>(config_.max_value_bytes));
-      ++misses_;
-    } else if (value->len == 0) {
-      // No key (or an empty value, which no block file is: rewritten when recomputed).
-      b.state = StoredBlock::State::kAbsent;
-      ++misses_;
-      Remember(hashes[i], false);
-    } else {
-      b.state = StoredBlock::State::kFound;
-      // As bytes (a char range would be copied element by element, converting).
-      const auto* data = reinterpret_cast<const uint8_t*>(value->str);
-      b.bytes.assign(data, data + value->len);
-      bytes_read_ += static_cast<int64_t>(value->len);
-      ++hits_;
-      Remember(hashes[i], true);
-    }
+    ReadLookup(hashes[i], *length, *value, b);
   }
   Release(c, ok, why);
   return out;

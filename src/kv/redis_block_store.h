@@ -29,6 +29,7 @@
 #include "kv/block_store.h"
 
 struct redisContext;
+struct redisReply;
 
 namespace kvs {
 
@@ -93,6 +94,11 @@ class RedisBlockStore final : public BlockStore {
   redisContext* Acquire(std::string* why);
   // Gives a connection back: kept when ok, closed (and the store marked down) when not.
   void Release(redisContext* c, bool ok, const std::string& why);
+  // GetMany's parts: the STRLEN and GETRANGE of every block queued on c (one round trip), and
+  // one block's pair of replies read into b (counted, absent blocks remembered).
+  void AppendLookups(redisContext* c, std::span<const BlockHash> hashes) const;
+  void ReadLookup(const BlockHash& hash, const redisReply& length, const redisReply& value,
+                  StoredBlock& b);
   void MarkDown(const std::string& why);
   void MarkUp();
   void Remember(const BlockHash& hash, bool present);

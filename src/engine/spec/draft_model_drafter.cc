@@ -81,17 +81,12 @@ void DraftModelDrafter::Abandon(std::span<const DraftRequest> requests, std::spa
   active_.clear();
 }
 
-Status DraftModelDrafter::Propose(std::span<const DraftRequest> requests,
-                                  const KvCacheManager& /*kv*/, std::span<Draft> drafts) {
+Status DraftModelDrafter::CheckRequests(std::span<const DraftRequest> requests,
+                                        std::span<const Draft> drafts) const {
   if (drafts.size() != requests.size()) {
     return Status::Error(
         StrFormat("draft: %zu requests but %zu drafts", requests.size(), drafts.size()));
   }
-  for (Draft& d : drafts) {
-    d.tokens.clear();
-    d.probs.clear();
-  }
-  // Checked before any state changes, so that a refused call leaves every sequence as it was.
   std::unordered_set<SeqId> seen;
   for (const DraftRequest& r : requests) {
     if (r.seq == nullptr || r.max_drafts <= 0) continue;
@@ -104,7 +99,10 @@ Status DraftModelDrafter::Propose(std::span<const DraftRequest> requests,
                                      static_cast<long long>(r.seq->id.value)));
     }
   }
+  return Status::Ok();
+}
 
+void DraftModelDrafter::Activate(std::span<const DraftRequest> requests) {
   active_.clear();
   for (int32_t i = 0; i < static_cast<int32_t>(requests.size()); ++i) {
     const DraftRequest& r = requests[i];
@@ -120,8 +118,10 @@ Status DraftModelDrafter::Propose(std::span<const DraftRequest> requests,
     if (!Prepare(r, state)) continue;
     active_.push_back({i, &state, r.seq->n_committed(), r.max_drafts});
   }
+}
 
-  // Catch-up: every sequence's uncomputed committed tokens, packed into passes of at most
+Status DraftModelDrafter::CatchUp(std::span<const DraftRequest> requests, std::span<Draft> drafts) {
+  // Every sequence's uncomputed committed tokens, packed into passes of at most
   // max_batch_tokens_ (a long prompt spans several); the last committed token's row draws
   // draft 1. Only a pass's last sequence can end it unfinished (it took the rest of the
   // budget), so the sequences of a pass are active_[next], active_[next + 1], ... in order.
@@ -140,10 +140,7 @@ Status DraftModelDrafter::Propose(std::span<const DraftRequest> requests,
       if (last) row_owner_.push_back(static_cast<int32_t>(a));
       budget -= n;
     }
-    if (Status st = Forward(); !st.ok()) {
-      Abandon(requests, drafts);
-      return st;
-    }
+    KVS_RETURN_IF_ERROR(Forward());
     // Record what the pass computed, then draw from the rows of the sequences it finished.
     for (const BatchSequence& s : batch_.sequences) {
       Active& act = active_[next];
@@ -157,7 +154,11 @@ Status DraftModelDrafter::Propose(std::span<const DraftRequest> requests,
       Draw(act, *requests[act.request].seq, logits_.data() + r * n_vocab_, drafts[act.request]);
     }
   }
+  return Status::Ok();
+}
 
+Status DraftModelDrafter::DraftRest(std::span<const DraftRequest> requests,
+                                    std::span<Draft> drafts) {
   // Drafts 2..k: one single-token pass over every sequence still drafting, the last draft in.
   for (;;) {
     batch_.Clear();
@@ -177,17 +178,33 @@ Status DraftModelDrafter::Propose(std::span<const DraftRequest> requests,
       batch_.AddSequence(&d.tokens.back(), 1, pos, KernelBlocks(id), 1);
       row_owner_.push_back(static_cast<int32_t>(a));
     }
-    if (batch_.n_tokens() == 0) break;
-    if (Status st = Forward(); !st.ok()) {
-      Abandon(requests, drafts);
-      return st;
-    }
+    if (batch_.n_tokens() == 0) return Status::Ok();
+    KVS_RETURN_IF_ERROR(Forward());
     for (size_t r = 0; r < row_owner_.size(); ++r) {
       const Active& act = active_[row_owner_[r]];
       Draft& d = drafts[act.request];
       act.state->tokens.push_back(d.tokens.back());
       Draw(act, *requests[act.request].seq, logits_.data() + r * n_vocab_, d);
     }
+  }
+}
+
+Status DraftModelDrafter::Propose(std::span<const DraftRequest> requests,
+                                  const KvCacheManager& /*kv*/, std::span<Draft> drafts) {
+  if (drafts.size() == requests.size()) {
+    for (Draft& d : drafts) {
+      d.tokens.clear();
+      d.probs.clear();
+    }
+  }
+  // Checked before any state changes, so that a refused call leaves every sequence as it was.
+  KVS_RETURN_IF_ERROR(CheckRequests(requests, drafts));
+  Activate(requests);
+  Status st = CatchUp(requests, drafts);
+  if (st.ok()) st = DraftRest(requests, drafts);
+  if (!st.ok()) {
+    Abandon(requests, drafts);
+    return st;
   }
   active_.clear();
   return Status::Ok();

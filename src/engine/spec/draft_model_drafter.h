@@ -91,6 +91,13 @@ class DraftModelDrafter final : public Drafter {
   // Rolls the sequence's table back to the prefix it shares with the committed tokens (never
   // the last one: its logits give draft 1) and gives the rest slots. False: the pool is short.
   bool Prepare(const DraftRequest& request, SeqState& state);
+  // Propose's parts: the requests checked (before any state changes), the sequences that draft
+  // this step made active_, their committed tokens caught up (drawing draft 1), then drafts
+  // 2..k one pass each.
+  Status CheckRequests(std::span<const DraftRequest> requests, std::span<const Draft> drafts) const;
+  void Activate(std::span<const DraftRequest> requests);
+  Status CatchUp(std::span<const DraftRequest> requests, std::span<Draft> drafts);
+  Status DraftRest(std::span<const DraftRequest> requests, std::span<Draft> drafts);
   // Runs batch_ over the draft's KV; its logit rows land in logits_.
   Status Forward();
   // The kernel blocks (16 slots) of the sequence's table.
