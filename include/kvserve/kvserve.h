@@ -321,4 +321,11 @@ std::string CpuIsa();
 // The same with the CPU's name and the features the level uses, for logs.
 std::string CpuIsaDescription();
 
+// A KV budget as a request or --kv-budget gives it ("512" positions, or "25%" of the sequence's
+// length): its form and range checked, and that it is at least kv_sink + kv_window (the
+// positions eviction never takes; 0 and 0 check the form alone). True with *canonical set to
+// its canonical text ("" when it means no budget of its own), or false with *error set.
+bool CheckKvBudget(const std::string& text, int32_t kv_sink, int32_t kv_window,
+                   std::string* canonical, std::string* error);
+
 }  // namespace kvserve

@@ -58,6 +58,17 @@ std::string CpuIsaDescription() {
   return kvs::IsaDescription();
 }
 
+bool CheckKvBudget(const std::string& text, int32_t kv_sink, int32_t kv_window,
+                   std::string* canonical, std::string* error) {
+  auto parsed = kvs::ParseKvBudget(text, kvs::EvictionGuard{kv_sink, kv_window}, "kv_budget");
+  if (!parsed.ok()) {
+    *error = parsed.error();
+    return false;
+  }
+  *canonical = parsed->active() ? parsed->ToString() : std::string();
+  return true;
+}
+
 std::string Model::Detokenize(const std::vector<int32_t>& tokens) const {
   return impl_->tokenizer->Decode(tokens);
 }

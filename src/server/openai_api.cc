@@ -4,8 +4,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "engine/eviction_config.h"
-
 namespace kvs::server {
 
 nlohmann::json ErrorJson(const ApiError& e) {
@@ -69,11 +67,9 @@ std::optional<ApiError> ParseKvBudgetField(const nlohmann::json& body, std::stri
     return Bad("kv_budget", form + ", got " + it->dump());
   }
   // A guard of 0 + 0: the form and the range (no negatives, at most 100%) without the floor.
-  auto parsed = ParseKvBudget(text, EvictionGuard{0, 0}, "kv_budget");
-  if (!parsed.ok()) return Bad("kv_budget", parsed.error());
-  *out = parsed->ToString();  // "" when 0: the engine's budget
-  if (!parsed->active()) out->clear();
-  return std::nullopt;
+  std::string error;
+  if (!kvserve::CheckKvBudget(text, 0, 0, out, &error)) return Bad("kv_budget", error);
+  return std::nullopt;  // *out "" when 0: the engine's budget
 }
 
 std::optional<ApiError> ParseMessages(const nlohmann::json& body, CompletionRequest* out) {

@@ -7,7 +7,6 @@
 #include <semaphore>
 
 #include "core/log.h"
-#include "engine/eviction_config.h"
 #include "server/completion_call.h"
 #include "server/openai_api.h"
 
@@ -77,9 +76,9 @@ std::optional<ApiError> CheckRequestFits(const CompletionRequest& request,
   // The request's budget against this server's guard: the first --kv-sink and the last
   // --kv-window positions are never evicted, so a smaller budget could never be kept.
   if (!request.gen.kv_budget.empty()) {
-    auto budget =
-        ParseKvBudget(request.gen.kv_budget, EvictionGuard{eo.kv_sink, eo.kv_window}, "kv_budget");
-    if (!budget.ok()) {
+    std::string canonical, error;
+    if (!kvserve::CheckKvBudget(request.gen.kv_budget, eo.kv_sink, eo.kv_window, &canonical,
+                                &error)) {
       return ApiError{400,
                       "invalid_request_error",
                       "'kv_budget' is " + request.gen.kv_budget +
