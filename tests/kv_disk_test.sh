@@ -172,6 +172,10 @@ if unshare -rm true 2>/dev/null; then
     "$BIN" generate -m "$MODEL" -p "Once upon a time" -n 4 --temp 0 --kv-disk "$TMP/ro" >"$TMP/ro.out" 2>"$TMP/err"
   [ $? -eq 0 ] && grep -q "not writable (Read-only file system): the disk tier is off" "$TMP/err" &&
     pass "a read-only --kv-disk turns the tier off; the run goes on" || fail "read-only --kv-disk: $(cat "$TMP/err")"
+  unshare -rm bash -c 'mount -t tmpfs -o ro none "$1" && shift && "$@"' _ "$TMP/ro" \
+    "$BIN" kv save -m "$MODEL" -f "$TMP/doc.txt" --kv-disk "$TMP/ro" --name ro -t 1 >/dev/null 2>"$TMP/err"
+  [ $? -eq 1 ] && grep -q "disk tier, which is off: --kv-disk $TMP/ro could not be written" "$TMP/err" &&
+    pass "kv save on a read-only --kv-disk says the tier is off" || fail "kv save, read-only: $(cat "$TMP/err")"
 else
   echo "skip: a read-only --kv-disk (no user namespaces to mount a read-only tmpfs in)"
 fi

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "engine/single_sequence.h"
 #include "model/config.h"
@@ -103,6 +105,73 @@ TEST(ArchSpec, ALlamaFileWithQkNormsRunsThem) {
   double diff = 0;
   for (size_t v = 0; v < a.size(); ++v) diff = std::max(diff, std::fabs(double(a[v]) - b[v]));
   EXPECT_GT(diff, 1e-3);
+}
+
+// Loads a tiny llama edited by `edit`; the error, or "" when it loads.
+std::string LoadError(const std::function<void(gguf::Writer&)>& edit) {
+  testing::TinyModelSpec spec;
+  gguf::Writer w = testing::MakeTinyModelWriter(spec);
+  edit(w);
+  auto f = gguf::File::FromBytes(w.Serialize());
+  if (!f.ok()) return f.error();
+  auto model = Model::FromFile(std::move(*f));
+  return model.ok() ? "" : model.error();
+}
+
+void AddNorm(gguf::Writer& w, int layer, const char* which, int dim = 16) {
+  w.AddTensorF32("blk." + std::to_string(layer) + "." + which + ".weight",
+                 {static_cast<uint64_t>(dim)}, DType::kF32, std::vector<float>(dim, 0.5f));
+}
+
+// Q/K norms are a layer's own: a layer with them runs them, one without does not, and a layer
+// with only one of the two is refused (never loaded and left unused).
+TEST(ArchSpec, QkNormsArePerLayerAndComeInPairs) {
+  testing::TinyModelSpec spec;
+  gguf::Writer w = testing::MakeTinyModelWriter(spec);
+  AddNorm(w, 1, "attn_q_norm");
+  AddNorm(w, 1, "attn_k_norm");
+  auto model = Load(std::move(w));
+  ASSERT_NE(model, nullptr);
+  EXPECT_FALSE(model->config().layers[0].qk_norm);
+  EXPECT_TRUE(model->config().layers[1].qk_norm);
+  const std::string half = LoadError([](gguf::Writer& w) {
+    for (int l = 0; l < 2; ++l) AddNorm(w, l, "attn_k_norm");
+  });
+  EXPECT_NE(half.find("blk.0.attn_q_norm.weight"), std::string::npos) << half;
+}
+
+TEST(ArchSpec, RopeScalingAsLlamaCppReadsIt) {
+  // A factor without a type is linear (llama.cpp's default), the older key too.
+  for (const char* key : {"llama.rope.scaling.factor", "llama.rope.scale_linear"}) {
+    testing::TinyModelSpec spec;
+    gguf::Writer w = testing::MakeTinyModelWriter(spec);
+    w.Set(key, gguf::Value::Float32(4.f));
+    auto model = Load(std::move(w));
+    ASSERT_NE(model, nullptr);
+    EXPECT_FLOAT_EQ(model->config().ropes[0].freq_scale, 0.25f) << key;
+  }
+  EXPECT_NE(LoadError([](gguf::Writer& w) {
+              w.Set("llama.rope.scaling.type", gguf::Value::Uint32(3));
+            }).find("'llama.rope.scaling.type' is not a string"),
+            std::string::npos);
+  EXPECT_NE(LoadError([](gguf::Writer& w) {
+              w.Set("llama.rope.scaling.type", gguf::Value::String("yarn"));
+            }).find("unsupported rope scaling type 'yarn'"),
+            std::string::npos);
+}
+
+TEST(ArchSpec, MetadataOfTheWrongKindOrSizeIsNamed) {
+  EXPECT_NE(LoadError([](gguf::Writer& w) {
+              w.Set("general.architecture", gguf::Value::Uint32(1));
+            }).find("'general.architecture' is not a string"),
+            std::string::npos);
+  // 65536 heads of 65536 dims: each allowed, their product (q_dim) past any model.
+  const std::string absurd = LoadError([](gguf::Writer& w) {
+    w.Set("llama.attention.head_count", gguf::Value::Uint32(65536));
+    w.Set("llama.attention.head_count_kv", gguf::Value::Uint32(65536));
+    w.Set("llama.attention.key_length", gguf::Value::Uint32(65536));
+  });
+  EXPECT_NE(absurd.find("head_count x key_length"), std::string::npos) << absurd;
 }
 
 TEST(ArchSpec, RopeFrequencyFactorsAreTheRopesWhereTheFileHasThem) {

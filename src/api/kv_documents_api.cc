@@ -24,12 +24,21 @@ KvDocumentInfo ToInfo(const kvs::KvDocument& doc, const kvs::DiskBlockStore& sto
   return info;
 }
 
+// Why there are no documents: no --kv-disk, or a --kv-disk the engine turned off at start (a
+// read-only or uncreatable directory: EngineBuilder::DiskTier logged why).
+std::string NoDocumentsReason(const Engine::Impl& impl) {
+  if (impl.options.kv_disk.empty()) {
+    return "KV documents are kept on the disk tier: start the engine with --kv-disk DIR";
+  }
+  return "KV documents are kept on the disk tier, which is off: --kv-disk " + impl.options.kv_disk +
+         " could not be written (see the log)";
+}
+
 // The refusals before a document is marked or prefilled: no disk tier, a bad name, too few
 // tokens for one whole block.
 kvs::Status CheckSavable(const Engine::Impl& impl, const std::string& name, size_t n_tokens) {
   if (impl.engine->tier() == nullptr || !impl.documents) {
-    return kvs::Status::Error(
-        "KV documents are kept on the disk tier: start the engine with --kv-disk DIR");
+    return kvs::Status::Error(NoDocumentsReason(impl));
   }
   KVS_RETURN_IF_ERROR(kvs::ValidateDocumentName(name));
   const int32_t block_size = impl.options.block_size;
@@ -255,8 +264,7 @@ bool Engine::GetKvDocument(const std::string& name, KvDocumentInfo* out, std::st
   if (auto st = kvs::ValidateDocumentName(name); !st.ok()) {
     *error = st.message();
   } else {
-    *error = impl_->documents ? "no KV document named " + name
-                              : "KV documents are kept on the disk tier: start with --kv-disk DIR";
+    *error = impl_->documents ? "no KV document named " + name : NoDocumentsReason(*impl_);
   }
   return false;
 }
@@ -264,7 +272,7 @@ bool Engine::GetKvDocument(const std::string& name, KvDocumentInfo* out, std::st
 bool Engine::RemoveKvDocument(const std::string& name, std::string* error) {
   kvs::KvTier* tier = impl_->engine->tier();
   if (tier == nullptr || !impl_->documents) {
-    *error = "KV documents are kept on the disk tier: start the engine with --kv-disk DIR";
+    *error = NoDocumentsReason(*impl_);
     return false;
   }
   {

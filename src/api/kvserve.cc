@@ -475,6 +475,10 @@ EngineStats Engine::stats() const {
   s.evicted_tokens = load.evicted_tokens;
   s.compactions = load.compactions;
   s.blocks_freed_by_compaction = load.blocks_freed_by_compaction;
+  if (impl_->engine->tier() == nullptr && !impl_->options.kv_disk.empty()) {
+    s.kv_disk = true;  // configured, and off since the start (a directory it could not write)
+    s.kv_disk_failed = true;
+  }
   if (const kvs::KvTier* tier = impl_->engine->tier()) {
     const kvs::KvTierStats t = tier->stats();
     s.kv_disk = true;

@@ -27,7 +27,11 @@ Status CheckLayers(const ModelConfig& c) {
 Expected<ModelConfig> ReadModelConfig(const gguf::File& f) {
   ModelConfig c;
   auto arch = f.GetString("general.architecture");
-  if (!arch) return Status::Error("missing metadata key 'general.architecture'");
+  if (!arch) {
+    return Status::Error(f.Find("general.architecture")
+                             ? "metadata key 'general.architecture' is not a string"
+                             : "missing metadata key 'general.architecture'");
+  }
   c.arch_name = *arch;
   const Architecture* found = nullptr;
   std::string names;

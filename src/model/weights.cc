@@ -143,9 +143,11 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q.bias", c.q_dim(), &L.bq, false));
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k.bias", c.k_dim(), &L.bk, false));
     KVS_RETURN_IF_ERROR(load.Vector(p + "attn_v.bias", c.v_dim(), &L.bv, false));
-    const bool qk_norm = c.layers[l].qk_norm;
-    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q_norm.weight", c.head_dim_k, &L.q_norm, qk_norm));
-    KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k_norm.weight", c.head_dim_k, &L.k_norm, qk_norm));
+    // Only where the layer's spec runs them: stray norms stay unused and refuse the file.
+    if (c.layers[l].qk_norm) {
+      KVS_RETURN_IF_ERROR(load.Vector(p + "attn_q_norm.weight", c.head_dim_k, &L.q_norm));
+      KVS_RETURN_IF_ERROR(load.Vector(p + "attn_k_norm.weight", c.head_dim_k, &L.k_norm));
+    }
     KVS_RETURN_IF_ERROR(load.Vector(p + "ffn_norm.weight", c.n_embd, &L.ffn_norm));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd, &L.w_gate));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_up.weight", c.n_ff, c.n_embd, &L.w_up));

@@ -54,7 +54,8 @@ ApiError DocumentError(const std::string& error) {
       error.find("shutting down") != std::string::npos ||
       error.find("cannot record") != std::string::npos ||
       error.find("the prefill ended") != std::string::npos ||
-      error.find("cannot remove") != std::string::npos) {
+      error.find("cannot remove") != std::string::npos ||
+      error.find("which is off") != std::string::npos) {
     return ApiError{503, "server_error", error, {}, {}};
   }
   return ApiError{400, "invalid_request_error", error, "name", {}};

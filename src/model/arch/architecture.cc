@@ -1,5 +1,7 @@
 #include "model/arch/architecture.h"
 
+#include <tuple>
+
 namespace kvs {
 namespace {
 
@@ -69,6 +71,15 @@ Status ReadTransformerDims(const MetadataReader& meta, ModelConfig* c) {
   KVS_RETURN_IF_ERROR(meta.Dim("attention.key_length", false, &c->head_dim_k));
   c->head_dim_v = c->head_dim_k;
   KVS_RETURN_IF_ERROR(meta.Dim("attention.value_length", false, &c->head_dim_v));
+  // Products of dimensions stay far inside int32 (q_dim, k_dim, and the buffers sized by them).
+  for (const auto& [what, heads, dim] :
+       {std::tuple{"head_count x key_length", c->n_head, c->head_dim_k},
+        std::tuple{"head_count x value_length", c->n_head, c->head_dim_v}}) {
+    if (int64_t{heads} * dim > kMaxDim) {
+      return Status::Error(
+          StrFormat("%s = %lld is absurd", what, static_cast<long long>(int64_t{heads} * dim)));
+    }
+  }
   c->n_ctx_train = 2048;
   KVS_RETURN_IF_ERROR(meta.Dim("context_length", false, &c->n_ctx_train));
   KVS_RETURN_IF_ERROR(meta.Positive("attention.layer_norm_rms_epsilon", &c->rms_eps));
@@ -79,14 +90,20 @@ Status ReadRope(const MetadataReader& meta, const ModelConfig& c, RopeSpec* rope
   rope->n_rot = c.head_dim_k;
   KVS_RETURN_IF_ERROR(meta.Dim("rope.dimension_count", false, &rope->n_rot));
   KVS_RETURN_IF_ERROR(meta.Positive("rope.freq_base", &rope->freq_base));
-  auto scaling = meta.String("rope.scaling.type");
-  if (scaling && *scaling == "linear") {
-    float factor = 1.f;
-    KVS_RETURN_IF_ERROR(meta.Positive("rope.scaling.factor", &factor));
-    rope->freq_scale = 1.f / factor;
-  } else if (scaling && *scaling != "none") {
-    return Status::Error(StrFormat("unsupported rope scaling type '%s'", scaling->c_str()));
+  // As llama.cpp reads them: the type defaults to linear, and the factor (rope.scaling.factor,
+  // else the older rope.scale_linear) divides the frequencies whatever the type says.
+  if (meta.Has("rope.scaling.type") && !meta.String("rope.scaling.type")) {
+    return Status::Error(
+        StrFormat("metadata key '%s' is not a string", meta.Key("rope.scaling.type").c_str()));
   }
+  const std::string scaling = meta.String("rope.scaling.type").value_or("linear");
+  if (scaling != "linear" && scaling != "none") {
+    return Status::Error(StrFormat("unsupported rope scaling type '%s'", scaling.c_str()));
+  }
+  float factor = 1.f;
+  KVS_RETURN_IF_ERROR(meta.Positive(
+      meta.Has("rope.scaling.factor") ? "rope.scaling.factor" : "rope.scale_linear", &factor));
+  rope->freq_scale = 1.f / factor;
   if (rope->n_rot > c.head_dim_k || rope->n_rot % 2 != 0) {
     return Status::Error(
         StrFormat("rope.dimension_count %d must be even and at most the head size %d", rope->n_rot,

@@ -20,6 +20,8 @@ class MetadataReader {
   MetadataReader(const gguf::File& file, std::string arch) : f_(file), prefix_(arch + ".") {}
   const gguf::File& file() const { return f_; }
   bool Has(const std::string& key) const { return f_.Find(prefix_ + key) != nullptr; }
+  // The full key, for messages: "llama.rope.freq_base".
+  std::string Key(const std::string& key) const { return prefix_ + key; }
   // A positive integer up to 2^20 (far beyond any real model: stops absurd metadata). Absent
   // and not required: *out stays as it was.
   Status Dim(const std::string& key, bool required, int32_t* out) const;

@@ -2,6 +2,8 @@
 // qwen3 (per-head Q/K norms, NeoX RoPE). Every layer alike: global attention, pre-norms, SwiGLU.
 #include "model/arch/architecture.h"
 
+#include <string>
+
 namespace kvs {
 namespace {
 
@@ -11,10 +13,14 @@ Status ReadDenseLlama(const MetadataReader& meta, bool neox, bool qk_norm, Model
   rope.neox = neox;
   KVS_RETURN_IF_ERROR(ReadRope(meta, *c, &rope));
   c->ropes = {rope};
-  LayerSpec layer;
-  // Per-head Q/K norms: qwen3 always; another family's file only where it has them.
-  layer.qk_norm = qk_norm || meta.file().FindTensor("blk.0.attn_q_norm.weight") != nullptr;
-  c->layers.assign(static_cast<size_t>(c->n_layer), layer);
+  // Per-head Q/K norms: qwen3 in every layer; another family's file in each layer that has
+  // either tensor (the weights then require both, and refuse norms a layer does not run).
+  c->layers.assign(static_cast<size_t>(c->n_layer), LayerSpec{});
+  for (int32_t l = 0; l < c->n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    c->layers[l].qk_norm = qk_norm || meta.file().FindTensor(p + "attn_q_norm.weight") ||
+                           meta.file().FindTensor(p + "attn_k_norm.weight");
+  }
   return Status::Ok();
 }
 
