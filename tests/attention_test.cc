@@ -17,44 +17,7 @@
 namespace kvs {
 namespace {
 
-// One KV head in a pool of blocks whose physical order is shuffled, as a paged cache's is, in
-// any K/V types. Blocks the head does not use hold 0xff bytes (NaN in the float types): the
-// kernel must never let them reach an output. `keys`/`values` keep the unquantized data.
-struct TestHead {
-  int32_t hk, hv;
-  KvType k_type, v_type;
-  std::vector<uint8_t> k_pool, v_pool;
-  std::vector<int32_t> ids;
-  std::vector<std::vector<float>> keys, values;  // [pos][dim]
-  KvHeadView view;
-
-  TestHead(int32_t hk_, int32_t hv_, int32_t n_written, uint32_t seed, float key_scale = 1.0f,
-           KvType k_type_ = KvType::kF32, KvType v_type_ = KvType::kF32)
-      : hk(hk_), hv(hv_), k_type(k_type_), v_type(v_type_) {
-    const size_t k_bytes = KvHeadBlockBytes(k_type, hk), v_bytes = KvHeadBlockBytes(v_type, hv);
-    std::mt19937 rng(seed);
-    ids = testing::ShuffledHeadPool(n_written, k_bytes, v_bytes, rng, &k_pool, &v_pool);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    for (int32_t pos = 0; pos < n_written; ++pos) {
-      keys.emplace_back(hk);
-      values.emplace_back(hv);
-      for (float& x : keys.back()) x = key_scale * dist(rng);
-      for (float& x : values.back()) x = dist(rng);
-    }
-    Rewrite();
-    view = KvHeadView{k_pool.data(), v_pool.data(), k_bytes, v_bytes, ids.data(), k_type, v_type};
-  }
-  // Stores keys/values (again) into the pool.
-  void Rewrite() {
-    const size_t k_bytes = KvHeadBlockBytes(k_type, hk), v_bytes = KvHeadBlockBytes(v_type, hv);
-    for (int32_t pos = 0; pos < static_cast<int32_t>(keys.size()); ++pos) {
-      const size_t block = static_cast<size_t>(ids[pos / kKvBlockTokens]);
-      StoreKey(k_type, k_pool.data() + block * k_bytes, hk, pos % kKvBlockTokens, keys[pos].data());
-      StoreValue(v_type, v_pool.data() + block * v_bytes, hv, pos % kKvBlockTokens,
-                 values[pos].data());
-    }
-  }
-};
+using TestHead = testing::TestKvHead;
 
 struct Queries {
   std::vector<float> q;

@@ -17,45 +17,6 @@
 namespace kvs {
 namespace {
 
-// One KV head of n_written positions in shuffled blocks of a pool whose spare blocks are 0xff
-// (NaN in the float types), as the kernel tests' TestHead.
-struct WindowHead {
-  int32_t hk, hv;
-  KvType k_type, v_type;
-  std::vector<uint8_t> k_pool, v_pool;
-  std::vector<int32_t> ids;
-  int32_t spare = -1;  // a pool block the head does not use (all 0xff)
-  KvHeadView view;
-
-  WindowHead(int32_t hk_, int32_t hv_, int32_t n_written, uint32_t seed, KvType kt, KvType vt)
-      : hk(hk_), hv(hv_), k_type(kt), v_type(vt) {
-    const size_t kb = KvHeadBlockBytes(kt, hk), vb = KvHeadBlockBytes(vt, hv);
-    std::mt19937 rng(seed);
-    ids = testing::ShuffledHeadPool(n_written, kb, vb, rng, &k_pool, &v_pool);
-    for (int32_t b = 0; spare < 0; ++b) {
-      if (std::find(ids.begin(), ids.end(), b) == ids.end()) spare = b;
-    }
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> k(hk), v(hv);
-    for (int32_t pos = 0; pos < n_written; ++pos) {
-      for (float& x : k) x = dist(rng);
-      for (float& x : v) x = dist(rng);
-      Store(pos, k.data(), v.data());
-    }
-    view = KvHeadView{k_pool.data(), v_pool.data(), kb, vb, ids.data(), kt, vt};
-  }
-  void Store(int32_t pos, const float* k, const float* v) {
-    const size_t block = static_cast<size_t>(ids[pos / kKvBlockTokens]);
-    StoreKey(k_type, k_pool.data() + block * KvHeadBlockBytes(k_type, hk), hk, pos % kKvBlockTokens,
-             k);
-    StoreValue(v_type, v_pool.data() + block * KvHeadBlockBytes(v_type, hv), hv,
-               pos % kKvBlockTokens, v);
-  }
-  AttentionShape shape() const {
-    return AttentionShape{hk, hv, 1.0f / std::sqrt(static_cast<float>(hk))};
-  }
-};
-
 struct QueryRun {
   std::vector<float> q, out;
   std::vector<const float*> qp;
@@ -105,7 +66,7 @@ TEST(AttentionWindow, MatchesTheScalarTwinForEveryTypeAndWindow) {
   uint32_t seed = 7;
   for (KvType t : kAllKvTypes) {
     for (auto [hk, hv] : {std::pair{8, 8}, std::pair{64, 64}, std::pair{128, 80}}) {
-      WindowHead head(hk, hv, 320, ++seed, t, t);
+      testing::TestKvHead head(hk, hv, 320, ++seed, 1.0f, t, t);
       for (const Case& c : cases) {
         SCOPED_TRACE(std::string(KvTypeName(t)) + " hk " + std::to_string(hk) + " n " +
                      std::to_string(c.n) + " p0 " + std::to_string(c.p0) + " w " +
@@ -130,7 +91,7 @@ TEST(AttentionWindow, MatchesTheScalarTwinForEveryTypeAndWindow) {
 TEST(AttentionWindow, KeysBeforeEveryWindowAreNeverRead) {
   for (KvType t : {KvType::kF32, KvType::kF16, KvType::kQ8_0, KvType::kTurbo3}) {
     SCOPED_TRACE(KvTypeName(t));
-    WindowHead head(64, 64, 300, 3, t, t);
+    testing::TestKvHead head(64, 64, 300, 3, 1.0f, t, t);
     std::vector<int32_t> n_keys, first;
     Windowed(6, 290, 70, &n_keys, &first);  // first keys 221..226
     QueryRun clean(6, 64, 64, 4);
@@ -156,7 +117,7 @@ TEST(AttentionWindow, KeysBeforeEveryWindowAreNeverRead) {
 TEST(AttentionWindow, AQuerysBitsDoNotDependOnItsNeighbours) {
   for (KvType t : {KvType::kF16, KvType::kQ4_0, KvType::kInt8}) {
     SCOPED_TRACE(KvTypeName(t));
-    WindowHead head(64, 64, 300, 11, t, t);
+    testing::TestKvHead head(64, 64, 300, 11, 1.0f, t, t);
     std::vector<int32_t> n_keys, first;
     // First keys 241..260: blocks 15 and 16, so that at the avx512 level a tile's pair 14 is
     // before some of its windows and not others.
@@ -188,7 +149,7 @@ TEST(AttentionWindow, AQuerysBitsDoNotDependOnItsNeighbours) {
 // first partition and in the second (whose earlier partitions are then empty).
 TEST(AttentionWindow, PartitionsMergeToAttendsBits) {
   // 3,300 keys: four partitions, of which a window of 200 leaves the first three empty.
-  WindowHead head(64, 64, 3300, 21, KvType::kF16, KvType::kF16);
+  testing::TestKvHead head(64, 64, 3300, 21, 1.0f, KvType::kF16, KvType::kF16);
   const AttentionShape shape = head.shape();
   for (int32_t w : {200, 1500, 3300}) {
     SCOPED_TRACE("window " + std::to_string(w));
