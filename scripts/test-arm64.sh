@@ -43,6 +43,8 @@ UNDER_EMULATION+=':KeyOffsets.*:ComputePeak.*:Attention.EqualKeysAverageTheValue
 UNDER_EMULATION+=':Attention.StableForPeakedScores:Attention.AQuerysOutputDoesNotDependOnItsNeighbours'
 UNDER_EMULATION+=':AttentionWalk.AnInfValuePastAQuerysKeysDoesNotReachIt:AttentionWalk.BufferGrowsAcrossCalls'
 UNDER_EMULATION+=':AttentionPartition.OnePartitionIsTheWholeAttention:MatMul.*:Interleave.*'
+UNDER_EMULATION+=':AttentionWindow.KeysBeforeEveryWindowAreNeverRead:AttentionWindow.AQuerysBitsDoNotDependOnItsNeighbours'
+UNDER_EMULATION+=':AttentionWindow.PartitionsMergeToAttendsBits'
 UNDER_EMULATION+='-MatMul.LargeMatrices'
 for level in neon scalar; do
   echo "== kernel tests at $level under qemu-aarch64"
