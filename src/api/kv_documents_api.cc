@@ -37,7 +37,7 @@ std::string NoDocumentsReason(const Engine::Impl& impl) {
 // The refusals before a document is marked or prefilled: no disk tier, a bad name, too few
 // tokens for one whole block.
 kvs::Status CheckSavable(const Engine::Impl& impl, const std::string& name, size_t n_tokens) {
-  if (impl.engine->tier() == nullptr || !impl.documents) {
+  if (impl.engine->disk_tier() == nullptr || !impl.documents) {
     return kvs::Status::Error(NoDocumentsReason(impl));
   }
   KVS_RETURN_IF_ERROR(kvs::ValidateDocumentName(name));
@@ -156,7 +156,7 @@ int32_t Engine::ResetPrefixCache() {
   try {
     // With a disk tier, what RAM drops is on disk first: offers (write-back) on the loop thread,
     // the wait for the writer here (decodes go on meanwhile), then the drop.
-    if (kvs::KvTier* tier = impl_->engine->tier()) {
+    if (kvs::KvTier* tier = impl_->engine->disk_tier()) {
       impl_->engine->RunOnLoop([](kvs::Engine& e) { e.FlushTier(/*wait=*/false); }).get();
       tier->WaitForWrites(tier->config().flush_timeout_ms);
     }
@@ -174,7 +174,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
     *error = st.message();
     return false;
   }
-  kvs::KvTier* tier = impl_->engine->tier();
+  kvs::KvTier* tier = impl_->engine->disk_tier();
   const int64_t write_errors_before = tier->stats().write_errors;
   const SavingMark mark(impl_.get(), name);
   if (!mark.taken()) {
@@ -212,7 +212,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
   }
   // The offer of the blocks to the writer (write-back) is the loop thread's.
   auto offered =
-      impl_->engine->RunOnLoop([&](kvs::Engine& e) { e.tier()->Persist(e.kv(), hashes); });
+      impl_->engine->RunOnLoop([&](kvs::Engine& e) { e.disk_tier()->Persist(e.kv(), hashes); });
   if (auto st = WaitForLoop(std::move(offered)); !st.ok()) {
     *error = st.message();
     return false;
@@ -237,7 +237,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
 
 std::vector<KvDocumentInfo> Engine::ListKvDocuments() const {
   std::vector<KvDocumentInfo> out;
-  const kvs::KvTier* tier = impl_->engine->tier();
+  const kvs::KvTier* tier = impl_->engine->disk_tier();
   if (tier == nullptr || !impl_->documents) return out;
   for (const kvs::KvDocument& doc : impl_->documents->List()) {
     out.push_back(ToInfo(doc, tier->store(), impl_->model->weights_digest()));
@@ -270,7 +270,7 @@ bool Engine::GetKvDocument(const std::string& name, KvDocumentInfo* out, std::st
 }
 
 bool Engine::RemoveKvDocument(const std::string& name, std::string* error) {
-  kvs::KvTier* tier = impl_->engine->tier();
+  kvs::KvTier* tier = impl_->engine->disk_tier();
   if (tier == nullptr || !impl_->documents) {
     *error = NoDocumentsReason(*impl_);
     return false;

@@ -341,7 +341,7 @@ kvs::Status BuildEngine(Engine::Impl* impl, kvs::EngineConfig ec, kvs::KvFormatO
   KVS_ASSIGN_OR_RETURN(impl->kv_format, builder.Format(ec.block_size, ec.n_ctx));
   KVS_RETURN_IF_ERROR(OpenKvEvents(impl, &ec));
   KVS_ASSIGN_OR_RETURN(impl->engine, builder.Async(ec));
-  if (kvs::KvTier* tier = impl->engine->tier()) {
+  if (kvs::KvTier* tier = impl->engine->disk_tier()) {
     KVS_ASSIGN_OR_RETURN(impl->documents, kvs::KvDocuments::Open(impl->options.kv_disk));
     for (const kvs::BlockHash& h : impl->documents->PinnedBlocks()) tier->store().Pin(h, true);
   }
@@ -475,11 +475,11 @@ EngineStats Engine::stats() const {
   s.evicted_tokens = load.evicted_tokens;
   s.compactions = load.compactions;
   s.blocks_freed_by_compaction = load.blocks_freed_by_compaction;
-  if (impl_->engine->tier() == nullptr && !impl_->options.kv_disk.empty()) {
+  if (impl_->engine->disk_tier() == nullptr && !impl_->options.kv_disk.empty()) {
     s.kv_disk = true;  // configured, and off since the start (a directory it could not write)
     s.kv_disk_failed = true;
   }
-  if (const kvs::KvTier* tier = impl_->engine->tier()) {
+  if (const kvs::KvTier* tier = impl_->engine->disk_tier()) {
     const kvs::KvTierStats t = tier->stats();
     s.kv_disk = true;
     s.kv_disk_failed = t.failed;

@@ -112,10 +112,10 @@ void AsyncEngine::Loop() {
     }
     if (stopping) {
       engine_.CancelAll();
-      if (engine_.tier()) {
+      if (engine_.disk_tier()) {
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t offered = engine_.FlushTier(/*wait=*/true);
-        const KvTierStats s = engine_.tier()->stats();
+        const KvTierStats s = engine_.disk_tier()->stats();
         KVS_LOG_INFO(
             "kv disk: flushed %lld blocks in %.0f ms; %lld blocks written this run, %.1f MiB "
             "of KV in %.1f MiB of files (%s, ratio %.2f), %lld loaded",
@@ -123,7 +123,7 @@ void AsyncEngine::Loop() {
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count(),
             static_cast<long long>(s.blocks_written), s.payload_bytes_written / 1048576.0,
-            s.bytes_written / 1048576.0, BlockCodecName(engine_.tier()->config().codec),
+            s.bytes_written / 1048576.0, BlockCodecName(engine_.disk_tier()->config().codec),
             s.bytes_written > 0 ? double(s.payload_bytes_written) / double(s.bytes_written) : 1.0,
             static_cast<long long>(s.hits));
       }

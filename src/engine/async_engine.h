@@ -61,8 +61,8 @@ class AsyncEngine {
   // never runs and the future holds a broken promise.
   std::future<void> RunOnLoop(std::function<void(Engine&)> task);
   // The disk tier (null: none); its stats() and WaitForWrites may be called from any thread.
-  KvTier* tier() { return engine_.tier(); }
-  const KvTier* tier() const { return engine_.tier(); }
+  KvTier* disk_tier() { return engine_.disk_tier(); }
+  const KvTier* disk_tier() const { return engine_.disk_tier(); }
   // The Redis tier (null: none); its stats() may be read from any thread.
   const KvTier* redis_tier() const { return engine_.redis_tier(); }
 

@@ -115,9 +115,9 @@ class Engine {
   // Publishes every change of the prefix index to sink (KV events; null: none), starting with
   // AllBlocksCleared. The sink outlives the engine. Attach before the first step.
   void AttachEventSink(KvEventSink* sink);
-  // The disk tier; null: none.
-  KvTier* tier() { return tiers_[0].get(); }
-  const KvTier* tier() const { return tiers_[0].get(); }
+  // The disk tier (the first of the tiers: tiers_[0]); null: none.
+  KvTier* disk_tier() { return tiers_[0].get(); }
+  const KvTier* disk_tier() const { return tiers_[0].get(); }
   // The Redis tier; null: none.
   const KvTier* redis_tier() const { return tiers_[1].get(); }
   // Writes every indexed block a tier lacks; when wait, waits for the writes (bounded: each

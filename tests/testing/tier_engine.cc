@@ -42,7 +42,7 @@ Served TierEngine::Serve(const std::vector<std::vector<int32_t>>& prompts, const
     run.tokens.push_back(out);
     run.disk_tokens.push_back(disk);
   }
-  if (engine().tier()) run.tier = engine().tier()->stats();
+  if (engine().disk_tier()) run.tier = engine().disk_tier()->stats();
   return run;
 }
 
