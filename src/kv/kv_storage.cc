@@ -72,12 +72,9 @@ KvStorage::~KvStorage() {
 }
 
 std::vector<int32_t> KvStorage::KernelBlocks(std::span<const BlockId> blocks) const {
-  const int32_t m = kernel_blocks_per_block();
-  std::vector<int32_t> out;
-  out.reserve(blocks.size() * m);
-  for (BlockId b : blocks) {
-    for (int32_t j = 0; j < m; ++j) out.push_back(b.value * m + j);
-  }
+  const int32_t n = static_cast<int32_t>(blocks.size()) * kernel_blocks_per_block();
+  std::vector<int32_t> out(n);
+  for (int32_t b = 0; b < n; ++b) out[b] = KernelBlock(blocks, b);
   return out;
 }
 

@@ -45,6 +45,11 @@ class KvStorage {
   // b * m + m - 1, m = kernel_blocks_per_block()): what a ragged batch's sequence reads
   // (model/batch.h) from its block table. The one place this mapping is written.
   std::vector<int32_t> KernelBlocks(std::span<const BlockId> blocks) const;
+  // The physical kernel block of logical kernel block b (positions 16b .. 16b + 15) of a table.
+  int32_t KernelBlock(std::span<const BlockId> blocks, int32_t b) const {
+    const int32_t m = kernel_blocks_per_block();
+    return blocks[b / m].value * m + b % m;
+  }
   const std::vector<KvLayerView>& layers() const { return layers_; }
 
   // Makes the RoPE table of a RoPE-dependent key coding cover positions [0, n_positions)

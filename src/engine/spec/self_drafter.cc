@@ -30,9 +30,8 @@ double SelfDrafter::relative_cost_at(int32_t n_context) const {
 }
 
 void SelfDrafter::AddWindowed(const BlockTable& table, int32_t token, int32_t pos) {
-  // Logical kernel block b (positions 16b .. 16b + 15) -> its physical kernel block.
-  const std::vector<int32_t> table_blocks = storage_.KernelBlocks(table.blocks);
-  auto kernel_block = [&](int32_t b) { return table_blocks[b]; };
+  // Only the blocks the draft reads (sinks and window), not the whole table's expansion.
+  auto kernel_block = [&](int32_t b) { return storage_.KernelBlock(table.blocks, b); };
   const int32_t last = pos / kKvBlockTokens;
   const int32_t sinks = SelfDraftOptions::kSinkTokens / kKvBlockTokens;
   const int32_t from = options_.window > 0 ? (pos + 1 - options_.window) / kKvBlockTokens : 0;
