@@ -46,29 +46,31 @@ class SlotRecordingRunner final : public StepRunner {
     }
     return Status::Ok();
   }
-  Status Execute(const StepInput& step, float* logits) override {
+  Status Execute(const StepBatch& step, StepOutput* out) override {
     KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
+    mirror_.Apply(step);
+    out->logits.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
     int32_t row = 0;
-    for (const ScheduledRun& r : step.runs) {
-      const Sequence& s = *r.seq;
-      const BlockTable& table = step.kv->Table(s.id);
-      EXPECT_GE(table.num_tokens, s.n_slots() + r.n_tokens);
+    for (const StepRun& r : step.runs) {
+      EXPECT_GE(static_cast<int64_t>(mirror_.table(r.seq).size()) * block_size_,
+                r.n_cached + r.n_tokens);
       for (int32_t i = 0; i < r.n_tokens; ++i) {
-        slots_[Physical(table, s.n_slots() + i)] = s.n_computed + i;
+        // The slot mapping names the slot n_cached + i of the run's table.
+        const int64_t slot = step.slots[r.first_token + i];
+        EXPECT_EQ(static_cast<size_t>(slot), Physical(mirror_.table(r.seq), r.n_cached + i));
+        slots_[slot] = step.positions[r.first_token + i];
       }
       for (int32_t i = 0; i < r.n_logits; ++i) {
-        float* out = logits + static_cast<size_t>(row++) * kVocab;
-        std::fill(out, out + kVocab, 0.f);
-        const size_t n = static_cast<size_t>(s.n_computed + r.n_tokens - r.n_logits + i + 1);
-        out[NextToken(s.tokens, n)] = 10.f;
+        float* row_logits = out->logits.data() + static_cast<size_t>(row++) * kVocab;
+        const size_t n = static_cast<size_t>(r.first_position + r.n_tokens - r.n_logits + i + 1);
+        row_logits[NextToken(mirror_.tokens(r.seq), n)] = 10.f;
       }
     }
     return Status::Ok();
   }
   KvKeyShape key_shape() const override { return {2, 1, 4}; }
-  Status ReadKeys(const Sequence& seq, const BlockTable& table, int32_t layer,
-                  std::span<float> keys) override {
-    const int32_t n = seq.n_slots();
+  Status ReadKeys(std::span<const BlockId> table, int32_t n, std::span<const int32_t>,
+                  int32_t layer, std::span<float> keys) override {
     EXPECT_EQ(keys.size(), static_cast<size_t>(n) * 4);
     for (int32_t i = 0; i < n; ++i) {
       const int32_t pos = slots_[Physical(table, i)];
@@ -77,7 +79,7 @@ class SlotRecordingRunner final : public StepRunner {
     }
     return Status::Ok();
   }
-  Status MoveSlots(const BlockTable& table, std::span<const SlotMove> moves) override {
+  Status MoveSlots(std::span<const BlockId> table, std::span<const SlotMove> moves) override {
     for (const SlotMove& m : moves) {
       EXPECT_LT(m.dst, m.src);
       slots_[Physical(table, m.dst)] = slots_[Physical(table, m.src)];
@@ -86,9 +88,11 @@ class SlotRecordingRunner final : public StepRunner {
     return Status::Ok();
   }
 
+  size_t Physical(std::span<const BlockId> table, int32_t slot) const {
+    return static_cast<size_t>(table[slot / block_size_].value) * block_size_ + slot % block_size_;
+  }
   size_t Physical(const BlockTable& table, int32_t slot) const {
-    return static_cast<size_t>(table.blocks.at(slot / block_size_).value) * block_size_ +
-           slot % block_size_;
+    return Physical(std::span<const BlockId>(table.blocks), slot);
   }
   // The positions the sequence's first n slots hold, read through its table.
   std::vector<int32_t> Read(const BlockTable& table, int32_t n) const {
@@ -100,6 +104,7 @@ class SlotRecordingRunner final : public StepRunner {
   int64_t n_moves = 0;
 
  private:
+  RunnerMirror mirror_;
   int32_t block_size_;
   std::vector<int32_t> slots_;
 };

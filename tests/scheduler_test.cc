@@ -34,26 +34,28 @@ class FakeRunner final : public StepRunner {
     copies.insert(copies.end(), c.begin(), c.end());
     return Status::Ok();
   }
-  Status Execute(const StepInput& step, float* logits) override {
+  Status Execute(const StepBatch& step, StepOutput* out) override {
+    mirror.Apply(step);
     if (clock_ms != nullptr) {  // a step costs step_ms + 1 ms a token on the test's clock
       *clock_ms += step_ms;
-      for (const ScheduledRun& r : step.runs) *clock_ms += r.n_tokens;
+      for (const StepRun& r : step.runs) *clock_ms += r.n_tokens;
     }
     steps.emplace_back();
     copies.insert(copies.end(), step.copies.begin(), step.copies.end());
+    out->logits.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
     int32_t row = 0;
-    for (const ScheduledRun& r : step.runs) {
-      const Sequence& s = *r.seq;
-      steps.back().push_back({s.id.value, s.n_computed, r.n_tokens});
+    for (const StepRun& r : step.runs) {
+      steps.back().push_back({r.seq, r.first_position, r.n_tokens});
       // The tables must already hold the slots this step writes.
-      EXPECT_GE(step.kv->Table(s.id).num_tokens, s.n_computed + r.n_tokens);
+      EXPECT_GE(static_cast<int64_t>(mirror.table(r.seq).size()) * step.block_size,
+                r.n_cached + r.n_tokens);
       if (r.n_logits == 0) continue;  // the scheduler wants no logits of this run
-      float* out = logits + static_cast<size_t>(row++) * kVocab;
-      std::fill(out, out + kVocab, 0.f);
-      out[NextToken(s.tokens, s.tokens.size())] = 10.f;
+      float* row_logits = out->logits.data() + static_cast<size_t>(row++) * kVocab;
+      row_logits[NextToken(mirror.tokens(r.seq), r.first_position + r.n_tokens)] = 10.f;
     }
     return Status::Ok();
   }
+  RunnerMirror mirror;
   std::vector<std::vector<RunRecord>> steps;
   std::vector<BlockCopy> copies;
   double* clock_ms = nullptr;

@@ -352,14 +352,15 @@ class BigramRunner final : public StepRunner {
  public:
   int32_t n_vocab() const override { return kV; }
   Status CopyBlocks(std::span<const BlockCopy>) override { return Status::Ok(); }
-  Status Execute(const StepInput& step, float* logits) override {
+  Status Execute(const StepBatch& step, StepOutput* out) override {
+    out->logits.resize(static_cast<size_t>(step.n_logit_rows) * kV);
     int32_t row = 0;
-    for (const ScheduledRun& r : step.runs) {
-      const Sequence& s = *r.seq;
+    for (const StepRun& r : step.runs) {
       for (int32_t i = 0; i < r.n_logits; ++i) {
-        const int32_t pos = s.n_computed + r.n_tokens - r.n_logits + i;
-        const float* from = Target().Row(s.tokens[pos]);
-        std::copy(from, from + kV, logits + static_cast<size_t>(row++) * kV);
+        // The row of the run's token n_tokens - n_logits + i: the run carries it.
+        const int32_t token = step.tokens[r.first_token + r.n_tokens - r.n_logits + i];
+        const float* from = Target().Row(token);
+        std::copy(from, from + kV, out->logits.data() + static_cast<size_t>(row++) * kV);
       }
     }
     return Status::Ok();

@@ -36,26 +36,28 @@ class FakeRunner final : public StepRunner {
     copies.insert(copies.end(), c.begin(), c.end());
     return Status::Ok();
   }
-  Status Execute(const StepInput& step, float* logits) override {
+  Status Execute(const StepBatch& step, StepOutput* out) override {
+    mirror.Apply(step);
     steps.emplace_back();
     copies.insert(copies.end(), step.copies.begin(), step.copies.end());
+    out->logits.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
     int32_t row = 0;
-    for (const ScheduledRun& r : step.runs) {
-      const Sequence& s = *r.seq;
-      steps.back().push_back({s.id.value, s.n_computed, r.n_tokens, r.n_logits});
-      EXPECT_GE(step.kv->Table(s.id).num_tokens, s.n_computed + r.n_tokens);
-      if (r.n_logits > 0) {  // a run that samples ends at the sequence's last token
-        EXPECT_EQ(s.n_computed + r.n_tokens, static_cast<int32_t>(s.tokens.size()));
-      }
+    for (const StepRun& r : step.runs) {
+      steps.back().push_back({r.seq, r.first_position, r.n_tokens, r.n_logits});
+      EXPECT_GE(static_cast<int64_t>(mirror.table(r.seq).size()) * step.block_size,
+                r.n_cached + r.n_tokens);
+      // A run that samples verifies every draft it carries: one row for the last committed
+      // token and one per draft.
+      if (r.n_logits > 0) EXPECT_EQ(r.n_logits, r.n_drafts + 1);
       for (int32_t i = 0; i < r.n_logits; ++i) {
-        const int32_t pos = s.n_computed + r.n_tokens - r.n_logits + i;
-        float* out = logits + static_cast<size_t>(row++) * kVocab;
-        std::fill(out, out + kVocab, 0.f);
-        out[NextToken(s.tokens, pos + 1)] = 10.f;
+        const int32_t pos = r.first_position + r.n_tokens - r.n_logits + i;
+        float* row_logits = out->logits.data() + static_cast<size_t>(row++) * kVocab;
+        row_logits[NextToken(mirror.tokens(r.seq), pos + 1)] = 10.f;
       }
     }
     return Status::Ok();
   }
+  RunnerMirror mirror;
   std::vector<std::vector<RunRecord>> steps;
   std::vector<BlockCopy> copies;
 };

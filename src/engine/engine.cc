@@ -212,6 +212,7 @@ void Engine::Finish(Sequence* seq, FinishReason reason, TokenEvent event) {
   event.finished = true;
   event.reason = reason;
   if (drafter_) drafter_->Release(seq->id);
+  batch_builder_.Release(seq->id);
   scheduler_.Remove(seq);
   auto it = requests_.find(seq->request);
   KVS_CHECK(it != requests_.end());
@@ -445,6 +446,19 @@ void Engine::FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) con
       static_cast<int64_t>(kv_.num_usable_blocks() - kv_.num_free_blocks()) * kv_.block_size();
 }
 
+Status Engine::Execute() {
+  batch_builder_.Build(runs_, copies_, kv_, &batch_);
+  KVS_RETURN_IF_ERROR(runner_.Execute(batch_, &output_));
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    // A runner that does not observe attention (a test's fake) leaves the mass as it was.
+    if (batch_.runs[i].mass_first_token >= 0 && i < output_.attention_mass.size() &&
+        !output_.attention_mass[i].empty()) {
+      runs_[i].seq->attention_mass.swap(output_.attention_mass[i]);
+    }
+  }
+  return Status::Ok();
+}
+
 Status Engine::Step(EngineStepStats* stats) {
   // The step's changes of the prefix index (and those of tasks run between steps) go out as one
   // batch when it returns, whichever way it returns.
@@ -473,14 +487,9 @@ Status Engine::Step(EngineStepStats* stats) {
   runs_.assign(plan.runs.begin(), plan.runs.end());
   if (drafter_) ProposeDrafts();
 
-  int32_t n_rows = 0;
-  for (const ScheduledRun& r : runs_) n_rows += r.n_logits;
-  logits_.resize(static_cast<size_t>(n_rows) * runner_.n_vocab());
   // A plan of preemptions alone (a sequence that gave its own blocks back) computes nothing:
   // no empty forward pass, which is an error.
-  const Status status = runs_.empty()
-                            ? Status::Ok()
-                            : runner_.Execute(StepInput{runs_, copies_, &kv_}, logits_.data());
+  const Status status = runs_.empty() ? Status::Ok() : Execute();
   if (!status.ok()) {
     // Each sequence is in a plan once, so every r.seq is still alive here.
     for (const ScheduledRun& r : runs_) Finish(r.seq, FinishReason::kError, -1, status.message());
@@ -489,7 +498,7 @@ Status Engine::Step(EngineStepStats* stats) {
   // Runs are never finished sequences, and sampling only retires the sequence it samples.
   int32_t row = 0;
   for (size_t i = 0; i < runs_.size(); ++i) {
-    ProcessRun(i, logits_.data() + static_cast<size_t>(row) * runner_.n_vocab());
+    ProcessRun(i, output_.logits.data() + static_cast<size_t>(row) * runner_.n_vocab());
     row += runs_[i].n_logits;
   }
   // Lookahead the plan left out (no budget for it) is dropped: drafts live for one step.

@@ -20,6 +20,7 @@
 #include "engine/scheduler.h"
 #include "engine/spec/drafter.h"
 #include "engine/spec/spec_policy.h"
+#include "engine/step_batch_builder.h"
 #include "engine/step_cost_model.h"
 #include "engine/step_runner.h"
 #include "kv/kv_cache_manager.h"
@@ -161,6 +162,8 @@ class Engine {
   void SetStepTarget();
   void WaitForTierLoad();
   void ProcessRun(size_t run, const float* logits);
+  // The runner's part of a step: the plan as plain data, executed; the observed attention back.
+  Status Execute();
   void FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) const;
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
@@ -180,7 +183,9 @@ class Engine {
   int64_t next_seq_ = 1;
   int64_t next_arrival_ = 0;
   std::vector<BlockCopy> copies_;
-  std::vector<float> logits_;
+  StepBatchBuilder batch_builder_;  // the runner's view of the sequences, step by step
+  StepBatch batch_;
+  StepOutput output_;
   std::vector<ScheduledRun> runs_;  // the step's runs, as drafting trimmed them
   Drafter* drafter_ = nullptr;
   SpecPolicy spec_policy_;

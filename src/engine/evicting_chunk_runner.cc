@@ -1,5 +1,6 @@
 #include "engine/evicting_chunk_runner.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "engine/engine_builder.h"
@@ -37,7 +38,10 @@ Status EvictingChunkRunner::Step(Sequence* seq, bool end_of_prefill, float* logi
   std::vector<BlockCopy> copies;
   if (!kv_.Append(seq->id, n, &copies)) return Status::Error("perplexity: the KV pool is full");
   const ScheduledRun run{seq, n, 1};
-  KVS_RETURN_IF_ERROR(runner_->Execute(StepInput{{&run, 1}, copies, &kv_}, logits));
+  batch_builder_.Build({&run, 1}, copies, kv_, &batch_);
+  KVS_RETURN_IF_ERROR(runner_->Execute(batch_, &output_));
+  std::copy(output_.logits.begin(), output_.logits.end(), logits);
+  if (!output_.attention_mass[0].empty()) seq->attention_mass.swap(output_.attention_mass[0]);
   // The row scored the positions cached when it was computed.
   kept_sum_ += static_cast<double>(seq->n_slots() + n) / (seq->n_computed + n);
   ++n_rows_;
@@ -63,6 +67,7 @@ Status EvictingChunkRunner::Run(const std::vector<int32_t>& chunk, int32_t first
     status = Step(&seq, /*end_of_prefill=*/false, logits + (pos - first) * n_vocab);
   }
   kv_.Free(seq.id);
+  batch_builder_.Release(seq.id);
   return status;
 }
 

@@ -14,6 +14,7 @@
 #include "engine/evictor.h"
 #include "engine/model_runner.h"
 #include "engine/perplexity.h"
+#include "engine/step_batch_builder.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {
@@ -41,6 +42,9 @@ class EvictingChunkRunner {
   std::unique_ptr<ModelRunner> runner_;
   KvCacheManager kv_;
   std::unique_ptr<Evictor> evictor_;
+  StepBatchBuilder batch_builder_;
+  StepBatch batch_;
+  StepOutput output_;
   int64_t next_seq_ = 1;
   double kept_sum_ = 0;
   int64_t n_rows_ = 0, evicted_ = 0;

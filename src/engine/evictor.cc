@@ -107,7 +107,11 @@ Status Evictor::Score(const Sequence& seq, const BlockTable& table, StepRunner& 
   layer_scores_.resize(n);
   std::fill(scores.begin(), scores.end(), 0.0f);
   for (int32_t l = 0; l < shape.n_layer; ++l) {
-    KVS_RETURN_IF_ERROR(runner.ReadKeys(seq, table, l, keys_));
+    KVS_RETURN_IF_ERROR(runner.ReadKeys(table.blocks, n,
+                                        seq.n_evicted > 0
+                                            ? std::span<const int32_t>(seq.slot_positions)
+                                            : std::span<const int32_t>(),
+                                        l, keys_));
     input.keys = keys_;
     input.layer = l;
     KVS_RETURN_IF_ERROR(policy_->Score(input, layer_scores_));
@@ -137,7 +141,7 @@ Expected<EvictionOutcome> Evictor::Evict(Sequence* seq, KvCacheManager& kv, Step
   std::vector<int32_t> identity;
   auto plan = PlanCompaction(*kept, SlotPositions(*seq, &identity), kv.block_size(), frozen);
   if (!plan.ok()) return plan.status();
-  KVS_RETURN_IF_ERROR(runner.MoveSlots(table, plan->moves));
+  KVS_RETURN_IF_ERROR(runner.MoveSlots(table.blocks, plan->moves));
   const int32_t first_rewritten = plan->moves.empty() ? plan->n_slots : plan->moves.front().dst;
   KVS_RETURN_IF_ERROR(kv.Compact(seq->id, first_rewritten, plan->n_slots));
   if (!seq->attention_mass.empty()) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "engine/evictor.h"
 #include "kernels/attention.h"
 
 namespace kvs {
@@ -31,33 +30,33 @@ double ModelRunner::KvShareAt(int32_t n_context) const {
   return kv / (kv + weight_bytes_);
 }
 
-Status ModelRunner::Execute(const StepInput& step, float* logits) {
+Status ModelRunner::Execute(const StepBatch& step, StepOutput* out) {
+  for (int64_t seq : step.released) kernel_tables_.erase(seq);
   KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
+  const int32_t m = storage_.kernel_blocks_per_block();
   batch_.Clear();
-  for (const ScheduledRun& r : step.runs) {
-    Sequence& seq = *r.seq;
-    std::vector<int32_t> kernel_blocks = storage_.KernelBlocks(step.kv->Table(seq.id).blocks);
-    // After token eviction the cached slots are fewer than the positions computed, and slot i
-    // holds the key of position slot_positions[i]; new tokens continue at their true positions.
-    const int32_t n_cached = seq.n_slots();
-    std::vector<int32_t> key_positions;
-    if (seq.n_evicted > 0) {
-      key_positions.reserve(static_cast<size_t>(n_cached) + r.n_tokens);
-      key_positions = seq.slot_positions;
-      for (int32_t i = 0; i < r.n_tokens; ++i) key_positions.push_back(seq.n_computed + i);
-    }
-    batch_.AddSequence(seq.tokens.data() + seq.n_computed, r.n_tokens, n_cached,
-                       std::move(kernel_blocks), r.n_logits, seq.n_computed,
-                       std::move(key_positions));
-    if (seq.observe_attention) {
-      seq.attention_mass.resize(static_cast<size_t>(n_cached) + r.n_tokens, 0.0f);
+  out->attention_mass.resize(step.runs.size());
+  for (size_t i = 0; i < step.runs.size(); ++i) {
+    const StepRun& r = step.runs[i];
+    std::vector<int32_t>& kernel_blocks = kernel_tables_[r.seq];
+    kernel_blocks.resize(static_cast<size_t>(r.table_keep) * m);
+    const std::vector<int32_t> appended = storage_.KernelBlocks(r.table_append);
+    kernel_blocks.insert(kernel_blocks.end(), appended.begin(), appended.end());
+    batch_.AddSequence(step.tokens.data() + r.first_token, r.n_tokens, r.n_cached, kernel_blocks,
+                       r.n_logits, r.first_position, r.key_positions);
+    std::vector<float>& mass = out->attention_mass[i];
+    mass.clear();
+    if (r.mass_first_token >= 0) {
+      mass.assign(r.attention_mass.begin(), r.attention_mass.end());
+      mass.resize(static_cast<size_t>(r.n_cached) + r.n_tokens, 0.0f);
       BatchSequence& bs = batch_.sequences.back();
-      bs.attention_mass = seq.attention_mass.data();
-      bs.mass_first_token = Evictor::FirstObservedToken(seq, seq.n_computed, r.n_tokens);
+      bs.attention_mass = mass.data();
+      bs.mass_first_token = r.mass_first_token;
     }
   }
+  out->logits.resize(static_cast<size_t>(step.n_logit_rows) * n_vocab());
   storage_.ReservePositions(batch_.max_position + 1);
-  return forward_.Run(batch_, storage_.layers(), logits);
+  return forward_.Run(batch_, storage_.layers(), out->logits.data());
 }
 
 KvKeyShape ModelRunner::key_shape() const {
@@ -65,19 +64,22 @@ KvKeyShape ModelRunner::key_shape() const {
   return {c.n_layer, c.n_head_kv, c.head_dim_k};
 }
 
-Status ModelRunner::ReadKeys(const Sequence& seq, const BlockTable& table, int32_t layer,
+Status ModelRunner::ReadKeys(std::span<const BlockId> table, int32_t n_slots,
+                             std::span<const int32_t> slot_positions, int32_t layer,
                              std::span<float> keys) {
   const ModelConfig& c = model_.config();
-  const int32_t n = seq.n_slots(), hk = c.head_dim_k;
-  if (layer < 0 || layer >= c.n_layer || keys.size() != static_cast<size_t>(n) * c.n_head_kv * hk ||
-      table.num_tokens < n) {
-    return Status::Error("ReadKeys: layer, slot count or key buffer out of range");
+  const int32_t n = n_slots, hk = c.head_dim_k;
+  if (layer < 0 || layer >= c.n_layer || n < 0 ||
+      keys.size() != static_cast<size_t>(n) * c.n_head_kv * hk ||
+      static_cast<int64_t>(table.size()) * storage_.geometry().block_size < n ||
+      (!slot_positions.empty() && static_cast<int64_t>(slot_positions.size()) != n)) {
+    return Status::Error("ReadKeys: layer, slot count, positions or key buffer out of range");
   }
-  const std::vector<int32_t> kernel_blocks = storage_.KernelBlocks(table.blocks);
+  const std::vector<int32_t> kernel_blocks = storage_.KernelBlocks(table);
   const KvLayerView& view = storage_.layers()[layer];
   const float* key_rope = nullptr;
-  if (view.NeedsRopeTable() && seq.n_evicted > 0) {
-    GatherKeyRope(view, seq.slot_positions, &key_rope_);
+  if (view.NeedsRopeTable() && !slot_positions.empty()) {
+    GatherKeyRope(view, slot_positions, &key_rope_);
     key_rope = key_rope_.data();
   }
   head_keys_.resize(static_cast<size_t>(n) * hk);
@@ -95,9 +97,9 @@ Status ModelRunner::ReadKeys(const Sequence& seq, const BlockTable& table, int32
   return Status::Ok();
 }
 
-Status ModelRunner::MoveSlots(const BlockTable& table, std::span<const SlotMove> moves) {
+Status ModelRunner::MoveSlots(std::span<const BlockId> table, std::span<const SlotMove> moves) {
   const int32_t bs = storage_.geometry().block_size;
-  const int64_t capacity = static_cast<int64_t>(table.blocks.size()) * bs;
+  const int64_t capacity = static_cast<int64_t>(table.size()) * bs;
   for (const SlotMove& mv : moves) {
     if (mv.src < 0 || mv.dst < 0 || mv.src >= capacity || mv.dst >= capacity) {
       return Status::Error(
@@ -105,7 +107,7 @@ Status ModelRunner::MoveSlots(const BlockTable& table, std::span<const SlotMove>
     }
   }
   auto physical = [&](int32_t slot) {
-    return static_cast<int64_t>(table.blocks[slot / bs].value) * bs + slot % bs;
+    return static_cast<int64_t>(table[slot / bs].value) * bs + slot % bs;
   };
   // Runs of consecutive moves (src and dst both + 1) within one pool block on each side are
   // one byte copy per head row: compaction moves long stretches by the same shift.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <unordered_map>
 
 #include "core/thread_pool.h"
 #include "engine/kv_format_factory.h"
@@ -22,11 +23,12 @@ class ModelRunner final : public StepRunner {
   int32_t n_vocab() const override { return model_.config().n_vocab; }
   Status CopyBlocks(std::span<const BlockCopy> copies) override;
   double KvShareAt(int32_t n_context) const override;
-  Status Execute(const StepInput& step, float* logits) override;
+  Status Execute(const StepBatch& step, StepOutput* out) override;
   KvKeyShape key_shape() const override;
-  Status ReadKeys(const Sequence& seq, const BlockTable& table, int32_t layer,
+  Status ReadKeys(std::span<const BlockId> table, int32_t n_slots,
+                  std::span<const int32_t> slot_positions, int32_t layer,
                   std::span<float> keys) override;
-  Status MoveSlots(const BlockTable& table, std::span<const SlotMove> moves) override;
+  Status MoveSlots(std::span<const BlockId> table, std::span<const SlotMove> moves) override;
   const KvStorage& storage() const { return storage_; }
   // The self drafter writes its draft tokens' K/V into the sequences' own lookahead slots.
   KvStorage& mutable_storage() { return storage_; }
@@ -38,6 +40,9 @@ class ModelRunner final : public StepRunner {
   KvStorage storage_;
   ForwardPass forward_;
   RaggedBatch batch_;
+  // Each sequence's block table as kernel blocks (KvStorage::KernelBlocks), kept by the steps'
+  // changes: a step expands only the blocks that changed.
+  std::unordered_map<int64_t, std::vector<int32_t>> kernel_tables_;
   std::vector<float> head_keys_, key_rope_;  // ReadKeys scratch
 };
 

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/step_batch.h"
 
 namespace kvs::testing {
 
@@ -22,6 +24,44 @@ inline int32_t NextToken(const std::vector<int32_t>& tokens, size_t n) {
   for (size_t i = 0; i < n; ++i) h = h * 31 + static_cast<uint32_t>(tokens[i]);
   return static_cast<int32_t>(h % (kVocab - 2)) + 2;
 }
+
+// What a runner knows of the sequences from the steps alone (step_batch.h): each one's tokens
+// and block table, kept as the batches say. The fakes read histories from here, never from
+// the engine, so that the plain-data step is what the tests exercise.
+class RunnerMirror {
+ public:
+  void Apply(const StepBatch& step) {
+    for (int64_t seq : step.released) {
+      EXPECT_TRUE(sequences_.erase(seq) > 0) << "released " << seq << ", which was never sent";
+    }
+    for (const StepNewSequence& s : step.new_sequences) {
+      EXPECT_FALSE(sequences_.contains(s.seq)) << "sequence " << s.seq << " sent as new twice";
+      sequences_[s.seq].tokens = s.tokens;
+    }
+    for (const StepRun& r : step.runs) {
+      auto it = sequences_.find(r.seq);
+      EXPECT_TRUE(it != sequences_.end()) << "a run of unknown sequence " << r.seq;
+      if (it == sequences_.end()) continue;
+      State& st = it->second;
+      EXPECT_LE(r.table_keep, static_cast<int32_t>(st.table.size()));
+      ApplyTableDelta(r, &st.table);
+      const size_t end = static_cast<size_t>(r.first_position) + r.n_tokens;
+      if (st.tokens.size() < end) st.tokens.resize(end);
+      std::copy_n(step.tokens.begin() + r.first_token, r.n_tokens,
+                  st.tokens.begin() + r.first_position);
+    }
+  }
+  const std::vector<int32_t>& tokens(int64_t seq) const { return sequences_.at(seq).tokens; }
+  const std::vector<BlockId>& table(int64_t seq) const { return sequences_.at(seq).table; }
+  size_t size() const { return sequences_.size(); }
+
+ private:
+  struct State {
+    std::vector<int32_t> tokens;
+    std::vector<BlockId> table;
+  };
+  std::unordered_map<int64_t, State> sequences_;
+};
 
 inline std::vector<int32_t> Prompt(int32_t n, int32_t seed) {
   std::vector<int32_t> p;

@@ -1,0 +1,89 @@
+// One step as plain data: what a runner (this CPU's ModelRunner, or a device backend) needs to
+// compute a step, and what it gives back. Nothing in it points into the engine: a runner keeps
+// its own copy of each sequence's block table and tokens, and each step brings what changed
+// since the last (vLLM v1's SchedulerOutput has the same shape: new requests whole, then
+// per-step deltas). StepBatchBuilder (step_batch_builder.h) makes these from the scheduler's plan.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/ids.h"
+#include "kv/compaction.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kvs {
+
+// A sequence the runner has not seen (or was told to forget): its tokens so far, whole, so that a
+// runner holding per-sequence state (token history for penalties, a device-side token buffer)
+// has the tokens a prefix-cache hit spares it from computing.
+struct StepNewSequence {
+  int64_t seq = 0;              // SeqId value: the runner's key for everything of this sequence
+  std::vector<int32_t> tokens;  // [prompt + output so far]; a run's tokens overwrite from its
+                                // first position on (drafts, a recompute after preemption)
+};
+
+// One sequence's run in the step.
+struct StepRun {
+  int64_t seq = 0;
+  int32_t first_token = 0;  // index of its first token in StepBatch::tokens
+  int32_t n_tokens = 0;     // tokens [first_token, first_token + n_tokens)
+  int32_t n_cached = 0;     // slots holding K/V before the step: token i writes slot n_cached + i
+  int32_t first_position = 0;  // the RoPE position of its first token
+  int32_t n_logits = 0;        // logit rows wanted, for its last n_logits tokens
+  int32_t n_drafts = 0;        // of its tokens, the last n_drafts are drafts to verify
+  // Its block table (pool block ids): keep the first table_keep blocks of the runner's copy,
+  // drop the rest, then append table_append. The table covers every slot the run writes.
+  int32_t table_keep = 0;
+  std::vector<BlockId> table_append;
+  // The RoPE position of the key in each slot [n_cached + n_tokens], or empty when slot i holds
+  // position i (token eviction moves keys to other slots; their positions stay).
+  std::vector<int32_t> key_positions;
+  // Token eviction's attention mass (kv/eviction_policy.h): when mass_first_token >= 0, the
+  // queries of tokens [mass_first_token, n_tokens) add the attention they give each slot, summed
+  // over heads and layers, to attention_mass (what was observed so far, one entry per slot; it
+  // grows to n_cached + n_tokens with zeros) and StepOutput returns the sums.
+  int32_t mass_first_token = -1;
+  std::vector<float> attention_mass;
+};
+
+struct StepBatch {
+  std::vector<int32_t> tokens;     // [n_tokens] every run's tokens, run after run
+  std::vector<int32_t> positions;  // [n_tokens] their RoPE positions
+  std::vector<int64_t> slots;      // [n_tokens] the pool slot each writes: block id * block_size
+                                   // + offset in the block
+  std::vector<StepRun> runs;
+  std::vector<StepNewSequence> new_sequences;  // before the runs that name them
+  std::vector<int64_t> released;               // sequences to forget (finished), before all else
+  std::vector<BlockCopy> copies;               // block copies to do before anything is computed
+  int32_t n_logit_rows = 0;                    // the sum of the runs' n_logits
+  int32_t block_size = 0;                      // positions per pool block (the runner's format's)
+
+  int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  void Clear() {
+    tokens.clear();
+    positions.clear();
+    slots.clear();
+    runs.clear();
+    new_sequences.clear();
+    released.clear();
+    copies.clear();
+    n_logit_rows = 0;
+  }
+};
+
+struct StepOutput {
+  // [n_logit_rows][n_vocab]: each run's rows, for its last n_logits tokens, in run order.
+  std::vector<float> logits;
+  // Per run: the observed attention mass (StepRun::attention_mass plus this step's), empty for
+  // runs that observe none.
+  std::vector<std::vector<float>> attention_mass;
+};
+
+// A runner's copy of one sequence's block table, kept as the step deltas say.
+inline void ApplyTableDelta(const StepRun& run, std::vector<BlockId>* table) {
+  table->resize(static_cast<size_t>(run.table_keep));
+  table->insert(table->end(), run.table_append.begin(), run.table_append.end());
+}
+
+}  // namespace kvs
