@@ -49,7 +49,8 @@ class SlotRecordingRunner final : public StepRunner {
   Status Execute(const StepBatch& step, StepOutput* out) override {
     KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
     mirror_.Apply(step);
-    out->logits.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
+    KVS_RETURN_IF_ERROR(sampler_.Apply(step));
+    logits_.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
     int32_t row = 0;
     for (const StepRun& r : step.runs) {
       EXPECT_GE(static_cast<int64_t>(mirror_.table(r.seq).size()) * block_size_,
@@ -61,12 +62,12 @@ class SlotRecordingRunner final : public StepRunner {
         slots_[slot] = step.positions[r.first_token + i];
       }
       for (int32_t i = 0; i < r.n_logits; ++i) {
-        float* row_logits = out->logits.data() + static_cast<size_t>(row++) * kVocab;
+        float* row_logits = logits_.data() + static_cast<size_t>(row++) * kVocab;
         const size_t n = static_cast<size_t>(r.first_position + r.n_tokens - r.n_logits + i + 1);
         row_logits[NextToken(mirror_.tokens(r.seq), n)] = 10.f;
       }
     }
-    return Status::Ok();
+    return sampler_.Sample(step, logits_.data(), out);
   }
   KvKeyShape key_shape() const override { return {2, 1, 4}; }
   Status ReadKeys(std::span<const BlockId> table, int32_t n, std::span<const int32_t>,
@@ -105,6 +106,8 @@ class SlotRecordingRunner final : public StepRunner {
 
  private:
   RunnerMirror mirror_;
+  StepSampler sampler_{kVocab};
+  std::vector<float> logits_;
   int32_t block_size_;
   std::vector<int32_t> slots_;
 };

@@ -36,13 +36,14 @@ class FakeRunner final : public StepRunner {
   }
   Status Execute(const StepBatch& step, StepOutput* out) override {
     mirror.Apply(step);
+    KVS_RETURN_IF_ERROR(sampler_.Apply(step));
     if (clock_ms != nullptr) {  // a step costs step_ms + 1 ms a token on the test's clock
       *clock_ms += step_ms;
       for (const StepRun& r : step.runs) *clock_ms += r.n_tokens;
     }
     steps.emplace_back();
     copies.insert(copies.end(), step.copies.begin(), step.copies.end());
-    out->logits.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
+    logits_.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
     int32_t row = 0;
     for (const StepRun& r : step.runs) {
       steps.back().push_back({r.seq, r.first_position, r.n_tokens});
@@ -50,12 +51,14 @@ class FakeRunner final : public StepRunner {
       EXPECT_GE(static_cast<int64_t>(mirror.table(r.seq).size()) * step.block_size,
                 r.n_cached + r.n_tokens);
       if (r.n_logits == 0) continue;  // the scheduler wants no logits of this run
-      float* row_logits = out->logits.data() + static_cast<size_t>(row++) * kVocab;
+      float* row_logits = logits_.data() + static_cast<size_t>(row++) * kVocab;
       row_logits[NextToken(mirror.tokens(r.seq), r.first_position + r.n_tokens)] = 10.f;
     }
-    return Status::Ok();
+    return sampler_.Sample(step, logits_.data(), out);
   }
   RunnerMirror mirror;
+  StepSampler sampler_{kVocab};
+  std::vector<float> logits_;
   std::vector<std::vector<RunRecord>> steps;
   std::vector<BlockCopy> copies;
   double* clock_ms = nullptr;

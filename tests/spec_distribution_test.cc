@@ -30,6 +30,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/spec/rejection_sampler.h"
+#include "engine/step_sampler.h"
 
 namespace kvs {
 namespace {
@@ -353,18 +354,23 @@ class BigramRunner final : public StepRunner {
   int32_t n_vocab() const override { return kV; }
   Status CopyBlocks(std::span<const BlockCopy>) override { return Status::Ok(); }
   Status Execute(const StepBatch& step, StepOutput* out) override {
-    out->logits.resize(static_cast<size_t>(step.n_logit_rows) * kV);
+    KVS_RETURN_IF_ERROR(sampler_.Apply(step));
+    logits_.resize(static_cast<size_t>(step.n_logit_rows) * kV);
     int32_t row = 0;
     for (const StepRun& r : step.runs) {
       for (int32_t i = 0; i < r.n_logits; ++i) {
         // The row of the run's token n_tokens - n_logits + i: the run carries it.
         const int32_t token = step.tokens[r.first_token + r.n_tokens - r.n_logits + i];
         const float* from = Target().Row(token);
-        std::copy(from, from + kV, out->logits.data() + static_cast<size_t>(row++) * kV);
+        std::copy(from, from + kV, logits_.data() + static_cast<size_t>(row++) * kV);
       }
     }
-    return Status::Ok();
+    return sampler_.Sample(step, logits_.data(), out);
   }
+
+ private:
+  StepSampler sampler_{kV};
+  std::vector<float> logits_;
 };
 
 // Drafts by sampling the poor table with the sequence's sampling parameters (its own RNG),
@@ -379,7 +385,7 @@ class PoorDrafter final : public Drafter {
                  std::span<Draft> drafts) override {
     for (size_t i = 0; i < requests.size(); ++i) {
       const Sequence& seq = *requests[i].seq;
-      const SamplingParams& sp = seq.sampler->params();
+      const SamplingParams& sp = seq.sampling.params;
       EXPECT_EQ(sp.top_k, sampler_.params().top_k);
       EXPECT_EQ(sp.repeat_penalty, sampler_.params().repeat_penalty);
       const std::span<const int32_t> history(seq.tokens.data(), seq.n_committed());

@@ -38,9 +38,10 @@ class FakeRunner final : public StepRunner {
   }
   Status Execute(const StepBatch& step, StepOutput* out) override {
     mirror.Apply(step);
+    KVS_RETURN_IF_ERROR(sampler_.Apply(step));
     steps.emplace_back();
     copies.insert(copies.end(), step.copies.begin(), step.copies.end());
-    out->logits.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
+    logits_.assign(static_cast<size_t>(step.n_logit_rows) * kVocab, 0.f);
     int32_t row = 0;
     for (const StepRun& r : step.runs) {
       steps.back().push_back({r.seq, r.first_position, r.n_tokens, r.n_logits});
@@ -51,13 +52,15 @@ class FakeRunner final : public StepRunner {
       if (r.n_logits > 0) EXPECT_EQ(r.n_logits, r.n_drafts + 1);
       for (int32_t i = 0; i < r.n_logits; ++i) {
         const int32_t pos = r.first_position + r.n_tokens - r.n_logits + i;
-        float* row_logits = out->logits.data() + static_cast<size_t>(row++) * kVocab;
+        float* row_logits = logits_.data() + static_cast<size_t>(row++) * kVocab;
         row_logits[NextToken(mirror.tokens(r.seq), pos + 1)] = 10.f;
       }
     }
-    return Status::Ok();
+    return sampler_.Sample(step, logits_.data(), out);
   }
   RunnerMirror mirror;
+  StepSampler sampler_{kVocab};
+  std::vector<float> logits_;
   std::vector<std::vector<RunRecord>> steps;
   std::vector<BlockCopy> copies;
 };

@@ -5,7 +5,12 @@
 
 #include <vector>
 
+#include <cmath>
+#include <random>
+
+#include "engine/spec/rejection_sampler.h"
 #include "engine/step_batch_builder.h"
+#include "engine/step_sampler.h"
 
 namespace kvs {
 namespace {
@@ -168,6 +173,136 @@ TEST(StepBatchBuilder, CarriesDraftsKeyPositionsAndObservedAttention) {
   EXPECT_EQ(batch.runs[0].n_logits, 3);
   EXPECT_EQ(batch.runs[0].mass_first_token, -1);
   EXPECT_TRUE(batch.runs[0].key_positions.empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// StepSampler: what a runner draws from the batch alone equals what a Sampler of the same
+// parameters draws over the same history, step after step (one RNG stream per sequence).
+
+constexpr int32_t kV = 32;
+
+std::vector<float> RandomRows(int32_t rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  std::vector<float> out(static_cast<size_t>(rows) * kV);
+  for (float& x : out) x = normal(rng);
+  return out;
+}
+
+SamplingParams Seeded(uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_k = 0;
+  p.top_p = 1.f;
+  p.min_p = 0.f;
+  p.repeat_penalty = 1.3f;
+  p.seed = seed;
+  return p;
+}
+
+// A batch of one run of `seq` over tokens at first_position, sampling n_logits rows.
+StepBatch OneRun(int64_t seq, std::vector<int32_t> tokens, int32_t first_position, int32_t n_logits,
+                 int32_t n_drafts = 0) {
+  StepBatch b;
+  StepRun r;
+  r.seq = seq;
+  r.n_tokens = static_cast<int32_t>(tokens.size());
+  r.first_position = first_position;
+  r.n_logits = n_logits;
+  r.n_drafts = n_drafts;
+  b.tokens = std::move(tokens);
+  b.runs.push_back(r);
+  b.n_logit_rows = n_logits;
+  return b;
+}
+
+TEST(StepSampler, DrawsAsTheSequencesOwnSamplerStepAfterStep) {
+  StepSampler sampler(kV);
+  Sampler reference(Seeded(7), kV);
+  std::vector<int32_t> history = {3, 4, 5, 4};
+  StepBatch b = OneRun(1, history, 0, 1);
+  b.new_sequences.push_back({1, history, {Seeded(7), 2}});
+  for (uint32_t step = 0; step < 5; ++step) {
+    const std::vector<float> logits = RandomRows(1, step);
+    ASSERT_TRUE(sampler.Apply(b).ok());
+    StepOutput out;
+    ASSERT_TRUE(sampler.Sample(b, logits.data(), &out).ok());
+    ASSERT_EQ(out.sampled.size(), 1u);
+    ASSERT_EQ(out.sampled[0].size(), 1u);
+    const SampledTokens& drew = out.sampled[0][0];
+    const int32_t want = reference.Sample(logits.data(), history);
+    ASSERT_EQ(drew.tokens, (std::vector<int32_t>{want})) << "step " << step;
+    // Logprobs: the raw logits' log softmax, and the two best.
+    double sum = 0;
+    for (int32_t v = 0; v < kV; ++v) sum += std::exp(static_cast<double>(logits[v]));
+    ASSERT_EQ(drew.logprobs.size(), 1u);
+    EXPECT_NEAR(drew.logprobs[0].logprob, logits[want] - std::log(sum), 1e-4);
+    ASSERT_EQ(drew.logprobs[0].top.size(), 2u);
+    EXPECT_GE(drew.logprobs[0].top[0].logprob, drew.logprobs[0].top[1].logprob);
+    // The next step computes the drawn token, at the next position.
+    history.push_back(want);
+    b = OneRun(1, {want}, static_cast<int32_t>(history.size()) - 1, 1);
+  }
+}
+
+TEST(StepSampler, ForksDrawFromTheSameRowWithTheirOwnSeeds) {
+  StepSampler sampler(kV);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  StepBatch b = OneRun(1, prompt, 0, 1);
+  b.new_sequences.push_back({1, prompt, {Seeded(100), -1}});
+  b.runs[0].forks = {{2, {Seeded(101), -1}}, {3, {Seeded(102), 1}}};
+  const std::vector<float> logits = RandomRows(1, 9);
+  ASSERT_TRUE(sampler.Apply(b).ok());
+  StepOutput out;
+  ASSERT_TRUE(sampler.Sample(b, logits.data(), &out).ok());
+  ASSERT_EQ(out.sampled[0].size(), 3u);
+  for (int c = 0; c < 3; ++c) {
+    Sampler reference(Seeded(100 + c), kV);
+    EXPECT_EQ(out.sampled[0][c].tokens[0], reference.Sample(logits.data(), prompt)) << c;
+  }
+  EXPECT_TRUE(out.sampled[0][0].logprobs.empty());
+  EXPECT_EQ(out.sampled[0][2].logprobs.size(), 1u);
+  EXPECT_EQ(sampler.num_sequences(), 3u);
+  // The forks are sequences of their own from here on; released ones are forgotten.
+  StepBatch next = OneRun(3, {out.sampled[0][2].tokens[0]}, 3, 1);
+  next.released = {1};
+  ASSERT_TRUE(sampler.Apply(next).ok());
+  EXPECT_EQ(sampler.num_sequences(), 2u);
+}
+
+TEST(StepSampler, VerifiesDraftsAsTheRejectionSamplerDoes) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    StepSampler sampler(kV);
+    const std::vector<int32_t> committed = {5, 6, 7};
+    StepBatch b = OneRun(1, {7, 9, 11}, 2, 3, /*n_drafts=*/2);
+    b.new_sequences.push_back({1, committed, {Seeded(seed), 0}});
+    const std::vector<float> logits = RandomRows(3, static_cast<uint32_t>(seed));
+    ASSERT_TRUE(sampler.Apply(b).ok());
+    StepOutput out;
+    ASSERT_TRUE(sampler.Sample(b, logits.data(), &out).ok());
+    Sampler reference(Seeded(seed), kV);
+    const std::vector<int32_t> drafts = {9, 11};
+    const VerifyResult v = VerifyDrafts(reference, logits.data(), kV, committed, drafts, {});
+    const SampledTokens& drew = out.sampled[0][0];
+    EXPECT_EQ(drew.n_accepted, v.n_accepted);
+    std::vector<int32_t> want(drafts.begin(), drafts.begin() + v.n_accepted);
+    want.push_back(v.next_token);
+    EXPECT_EQ(drew.tokens, want);
+    EXPECT_EQ(drew.logprobs.size(), want.size());
+  }
+}
+
+TEST(StepSampler, RefusesRunsItCannotDrawFor) {
+  StepSampler sampler(kV);
+  EXPECT_FALSE(sampler.Apply(OneRun(5, {1}, 0, 1)).ok());  // never sent
+  StepBatch b = OneRun(1, {1, 2}, 0, 1);
+  b.new_sequences.push_back({1, {1, 2}, {Seeded(1), -1}});
+  ASSERT_TRUE(sampler.Apply(b).ok());
+  EXPECT_FALSE(sampler.Apply(OneRun(1, {3}, 5, 1)).ok());  // a gap: positions 2..4 unknown
+  const std::vector<float> logits = RandomRows(2, 1);
+  StepOutput out;
+  // Two rows but no drafts: nothing says what the second row checks.
+  EXPECT_FALSE(sampler.Sample(OneRun(1, {1, 2}, 0, 2), logits.data(), &out).ok());
 }
 
 }  // namespace

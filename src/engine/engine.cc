@@ -144,17 +144,18 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
   return Status::Ok();
 }
 
-Sequence* Engine::NewSequence(RequestId request, int32_t choice, const RequestOptions& options) {
+Sequence* Engine::NewSequence(RequestId request, int32_t choice, const RequestOptions& options,
+                              SeqId id) {
   auto seq = std::make_unique<Sequence>();
-  seq->id = SeqId{next_seq_++};
+  seq->id = id;
   seq->request = request;
   seq->choice = choice;
   seq->priority = options.priority;
   seq->cache_key = options.cache_key;
   evictor_.Attach(seq.get(), options.kv_budget);
-  SamplingParams sampling = options.sampling;
-  sampling.seed += static_cast<uint64_t>(choice);
-  seq->sampler = std::make_unique<Sampler>(sampling, runner_.n_vocab());
+  seq->sampling.params = options.sampling;
+  seq->sampling.params.seed += static_cast<uint64_t>(choice);
+  seq->sampling.logprobs = options.logprobs;
   Sequence* raw = seq.get();
   sequences_.emplace(raw->id, std::move(seq));
   requests_.at(request).live.push_back(raw);
@@ -175,7 +176,7 @@ Status Engine::SubmitWithId(RequestId id, std::vector<int32_t> prompt,
   if (requests_.contains(id))
     return Status::Error(StrFormat("request id %lld is in use", (long long)id));
   requests_.emplace(id, RequestState{options, std::move(on_token), {}});
-  Sequence* seq = NewSequence(id, 0, options);
+  Sequence* seq = NewSequence(id, 0, options, SeqId{next_seq_++});
   seq->arrival = next_arrival_++;
   seq->seats = options.n;
   seq->n_prompt = static_cast<int32_t>(prompt.size());
@@ -248,10 +249,13 @@ bool Engine::EvictIfDue(Sequence* seq, EvictionPoint point) {
   return true;
 }
 
-void Engine::Fork(Sequence* parent) {
+std::vector<Sequence*> Engine::Fork(Sequence* parent, std::span<const SeqId> child_ids) {
   const RequestOptions& options = requests_.at(parent->request).options;
+  KVS_CHECK(static_cast<int32_t>(child_ids.size()) == parent->seats - 1);
+  std::vector<Sequence*> children;
   for (int32_t c = 1; c < parent->seats; ++c) {
-    Sequence* child = NewSequence(parent->request, c, options);
+    Sequence* child = NewSequence(parent->request, c, options, child_ids[c - 1]);
+    children.push_back(child);
     child->arrival = parent->arrival;
     child->tokens = parent->tokens;
     child->n_prompt = parent->n_prompt;
@@ -268,33 +272,10 @@ void Engine::Fork(Sequence* parent) {
     scheduler_.AddRunning(child);
   }
   parent->seats = 1;
+  return children;
 }
 
-namespace {
-// log softmax of the raw logits at token, and the k most likely tokens.
-void FillLogprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k, TokenEvent* e) {
-  float max = logits[0];
-  for (int32_t v = 1; v < n_vocab; ++v) max = std::max(max, logits[v]);
-  double sum = 0;
-  for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(logits[v] - max));
-  const float lse = max + static_cast<float>(std::log(sum));
-  e->logprob = logits[token] - lse;
-  k = std::min(k, n_vocab);
-  if (k <= 0) return;
-  std::vector<int32_t> ids(n_vocab);
-  for (int32_t v = 0; v < n_vocab; ++v) ids[v] = v;
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  for (int32_t i = 0; i < k; ++i) e->top_logprobs.push_back({ids[i], logits[ids[i]] - lse});
-}
-}  // namespace
-
-void Engine::SampleAndEmit(Sequence* seq, const float* logits) {
-  Emit(seq, seq->sampler->Sample(logits, seq->tokens), logits);
-}
-
-bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
+bool Engine::Emit(Sequence* seq, int32_t token, const SampledLogprobs* logprobs) {
   const RequestOptions& o = requests_.at(seq->request).options;
   TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
   event.cached_tokens = std::max(0, seq->cached_tokens);
@@ -302,7 +283,10 @@ bool Engine::Emit(Sequence* seq, int32_t token, const float* logits) {
       std::min(seq->tier_tokens[static_cast<int>(TierSlot::kDisk)], event.cached_tokens);
   event.redis_tokens = std::min(seq->tier_tokens[static_cast<int>(TierSlot::kRedis)],
                                 event.cached_tokens - event.disk_tokens);
-  if (o.logprobs >= 0) FillLogprobs(logits, runner_.n_vocab(), token, o.logprobs, &event);
+  if (logprobs != nullptr) {
+    event.logprob = logprobs->logprob;
+    event.top_logprobs = logprobs->top;
+  }
   seq->tokens.push_back(token);
   FinishReason reason = FinishReason::kNone;
   if (std::find(o.stop_ids.begin(), o.stop_ids.end(), token) != o.stop_ids.end()) {
@@ -393,11 +377,12 @@ void Engine::WaitForTierLoad() {
   }
 }
 
-void Engine::ProcessRun(size_t i, const float* logits) {
+void Engine::ProcessRun(size_t i) {
   const ScheduledRun& r = runs_[i];
   Sequence* seq = r.seq;
+  const std::vector<SampledTokens>& sampled = output_.sampled[i];
   if (seq->n_in_flight > 0) {
-    VerifyAndEmit(seq, i, logits);
+    VerifyAndEmit(seq, sampled[0]);
     return;
   }
   seq->AdvanceComputed(r.n_tokens);
@@ -417,12 +402,14 @@ void Engine::ProcessRun(size_t i, const float* logits) {
   if (!EvictIfDue(seq, prefill ? EvictionPoint::kPrefillEnd : EvictionPoint::kDecode)) return;
   std::vector<Sequence*> choices{seq};
   if (seq->seats > 1) {
-    Fork(seq);
-    for (Sequence* s : requests_.at(seq->request).live) {
-      if (s != seq) choices.push_back(s);
-    }
+    const std::vector<Sequence*> children = Fork(seq, fork_ids_[i]);
+    choices.insert(choices.end(), children.begin(), children.end());
   }
-  for (Sequence* s : choices) SampleAndEmit(s, logits);
+  fork_ids_[i].clear();  // taken: nothing is left for the runner to forget
+  for (size_t c = 0; c < choices.size(); ++c) {
+    const SampledTokens& drew = sampled[c];
+    Emit(choices[c], drew.tokens[0], drew.logprobs.empty() ? nullptr : &drew.logprobs[0]);
+  }
 }
 
 void Engine::FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) const {
@@ -446,9 +433,58 @@ void Engine::FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) con
       static_cast<int64_t>(kv_.num_usable_blocks() - kv_.num_free_blocks()) * kv_.block_size();
 }
 
+void Engine::AddDraftsAndForks() {
+  fork_ids_.assign(runs_.size(), {});
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    Sequence* seq = runs_[i].seq;
+    if (i < draft_probs_.size() && !draft_probs_[i].empty()) {
+      batch_.runs[i].draft_probs = std::move(draft_probs_[i]);
+    }
+    // A prompt's last run draws the first token of every choice: the others fork from it.
+    if (runs_[i].n_logits == 0 || seq->n_in_flight > 0 || seq->seats <= 1) continue;
+    const RequestOptions& options = requests_.at(seq->request).options;
+    for (int32_t c = 1; c < seq->seats; ++c) {
+      StepSampling sampling{options.sampling, options.logprobs};
+      sampling.params.seed += static_cast<uint64_t>(c);
+      const SeqId id{next_seq_++};
+      fork_ids_[i].push_back(id);
+      batch_builder_.AddFork(i, id, sampling, &batch_);
+    }
+  }
+}
+
 Status Engine::Execute() {
   batch_builder_.Build(runs_, copies_, kv_, &batch_);
+  AddDraftsAndForks();
   KVS_RETURN_IF_ERROR(runner_.Execute(batch_, &output_));
+  if (output_.sampled.size() != runs_.size()) {
+    return Status::Error(
+        StrFormat("the runner drew for %zu runs of %zu", output_.sampled.size(), runs_.size()));
+  }
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    const size_t want = runs_[i].n_logits == 0 ? 0 : 1 + batch_.runs[i].forks.size();
+    if (output_.sampled[i].size() != want) {
+      return Status::Error(StrFormat("the runner drew %zu choices for a run of %zu",
+                                     output_.sampled[i].size(), want));
+    }
+    const Sequence& seq = *runs_[i].seq;
+    for (const SampledTokens& drew : output_.sampled[i]) {
+      // One token, or the accepted drafts (as proposed) and the one after them.
+      const int32_t k = seq.n_in_flight;
+      const bool fits = drew.n_accepted >= 0 && drew.n_accepted <= k &&
+                        drew.tokens.size() == static_cast<size_t>(drew.n_accepted) + 1 &&
+                        std::equal(drew.tokens.begin(), drew.tokens.begin() + drew.n_accepted,
+                                   seq.tokens.begin() + seq.n_committed()) &&
+                        (drew.logprobs.empty() || drew.logprobs.size() == drew.tokens.size());
+      if (!fits) return Status::Error("the runner's draw does not fit the run it drew for");
+      for (int32_t t : drew.tokens) {
+        if (t < 0 || t >= runner_.n_vocab()) {
+          return Status::Error(StrFormat("the runner drew token %d, outside the vocabulary", t));
+        }
+      }
+      if (drew.tokens.empty()) return Status::Error("the runner drew no token for a choice");
+    }
+  }
   for (size_t i = 0; i < runs_.size(); ++i) {
     // A runner that does not observe attention (a test's fake) leaves the mass as it was.
     if (batch_.runs[i].mass_first_token >= 0 && i < output_.attention_mass.size() &&
@@ -490,16 +526,20 @@ Status Engine::Step(EngineStepStats* stats) {
   // A plan of preemptions alone (a sequence that gave its own blocks back) computes nothing:
   // no empty forward pass, which is an error.
   const Status status = runs_.empty() ? Status::Ok() : Execute();
+  // Runs are never finished sequences, and sampling only retires the sequence it samples.
+  if (status.ok()) {
+    for (size_t i = 0; i < runs_.size(); ++i) ProcessRun(i);
+  }
+  // Forks reserved for runs that never forked (a failed step, an eviction that failed): the
+  // runner forgets them.
+  for (const std::vector<SeqId>& ids : fork_ids_) {
+    for (SeqId id : ids) batch_builder_.Release(id);
+  }
+  fork_ids_.clear();
   if (!status.ok()) {
     // Each sequence is in a plan once, so every r.seq is still alive here.
     for (const ScheduledRun& r : runs_) Finish(r.seq, FinishReason::kError, -1, status.message());
     return status;
-  }
-  // Runs are never finished sequences, and sampling only retires the sequence it samples.
-  int32_t row = 0;
-  for (size_t i = 0; i < runs_.size(); ++i) {
-    ProcessRun(i, output_.logits.data() + static_cast<size_t>(row) * runner_.n_vocab());
-    row += runs_[i].n_logits;
   }
   // Lookahead the plan left out (no budget for it) is dropped: drafts live for one step.
   for (Sequence* seq : scheduler_.running()) DropDrafts(seq);

@@ -138,17 +138,16 @@ class Engine {
     std::vector<Sequence*> live;
   };
 
-  void Fork(Sequence* parent);
-  // Samples the next token of seq from logits, streams it, and retires seq when it is done.
-  void SampleAndEmit(Sequence* seq, const float* logits);
+  // Makes the parent's other choices, with the ids reserved for them when the step was built.
+  std::vector<Sequence*> Fork(Sequence* parent, std::span<const SeqId> child_ids);
   // Appends token (sampled from `logits`, for logprobs) to seq and streams it; retires seq when
   // it is done. False when seq is gone.
-  bool Emit(Sequence* seq, int32_t token, const float* logits);
+  bool Emit(Sequence* seq, int32_t token, const SampledLogprobs* logprobs);
   // Speculation (engine_spec.cc): lookahead placeholders before planning, the drafter's tokens
   // once the plan gave them slots, verification after the pass.
   void AddLookahead();
   void ProposeDrafts();
-  void VerifyAndEmit(Sequence* seq, size_t run, const float* logits);
+  void VerifyAndEmit(Sequence* seq, const SampledTokens& verified);
   void DropDrafts(Sequence* seq);
   // Token eviction after a run computed seq's tokens (evictor.h); false when it failed and
   // finished seq.
@@ -161,12 +160,15 @@ class Engine {
   void TiersBeforePlan();
   void SetStepTarget();
   void WaitForTierLoad();
-  void ProcessRun(size_t run, const float* logits);
+  void ProcessRun(size_t run);
   // The runner's part of a step: the plan as plain data, executed; the observed attention back.
   Status Execute();
   void FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) const;
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
-  Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options);
+  Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options, SeqId id);
+  // What the runner draws for the step beside the builder's data: the drafts' distributions,
+  // and the choices a prompt's last run forks into (their ids reserved now).
+  void AddDraftsAndForks();
 
   EngineConfig config_;
   StepRunner& runner_;
@@ -190,6 +192,7 @@ class Engine {
   Drafter* drafter_ = nullptr;
   SpecPolicy spec_policy_;
   std::vector<std::vector<std::vector<TokenProb>>> draft_probs_;  // per run: per draft, its q
+  std::vector<std::vector<SeqId>> fork_ids_;  // per run: the ids its forks were given
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
   Evictor evictor_;
   // By TierSlot, asked in that order; after kv_: their listener is set on kv_.

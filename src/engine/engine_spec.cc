@@ -6,7 +6,6 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "engine/engine.h"
-#include "engine/spec/rejection_sampler.h"
 
 namespace kvs {
 
@@ -130,31 +129,27 @@ void Engine::ProposeDrafts() {
   }
 }
 
-void Engine::VerifyAndEmit(Sequence* seq, size_t run, const float* logits) {
+void Engine::VerifyAndEmit(Sequence* seq, const SampledTokens& verified) {
   const int32_t base = seq->n_committed();
   const int32_t k = seq->n_in_flight;
-  std::vector<int32_t> tokens(seq->tokens.begin() + base, seq->tokens.end());
-  const VerifyResult v =
-      VerifyDrafts(*seq->sampler, logits, runner_.n_vocab(), std::span(seq->tokens.data(), base),
-                   tokens, draft_probs_[run]);
-  spec_accepted_tokens_ += v.n_accepted;
-  SpecPolicy::Record(&seq->spec, k, v.n_accepted);
+  const int32_t n_accepted = verified.n_accepted;
+  spec_accepted_tokens_ += n_accepted;
+  SpecPolicy::Record(&seq->spec, k, n_accepted);
   // Keep the K/V of the last committed token and the accepted drafts; the rejected positions'
   // blocks go back to the pool before anything hashes them.
   seq->n_in_flight = 0;
-  seq->tokens.resize(base + v.n_accepted);
-  seq->n_computed = base + v.n_accepted;
+  seq->tokens.resize(base + n_accepted);
+  seq->n_computed = base + n_accepted;
   KVS_CHECK(kv_.Truncate(seq->id, seq->n_computed).ok());
   kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
   kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed, seq->tokens);
   TiersAfterCommit(*seq);
-  // Emit appends the accepted drafts again one at a time, each with its own logits row, and
+  // Emit appends the accepted drafts again one at a time, each with its own logprobs, and
   // stops at the first that ends the request (stop token, max_tokens, context).
   seq->tokens.resize(base);
-  tokens.resize(v.n_accepted);
-  tokens.push_back(v.next_token);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (!Emit(seq, tokens[i], logits + i * static_cast<size_t>(runner_.n_vocab()))) return;
+  for (size_t i = 0; i < verified.tokens.size(); ++i) {
+    const SampledLogprobs* lp = verified.logprobs.empty() ? nullptr : &verified.logprobs[i];
+    if (!Emit(seq, verified.tokens[i], lp)) return;
   }
 }
 

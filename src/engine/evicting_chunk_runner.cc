@@ -39,6 +39,7 @@ Status EvictingChunkRunner::Step(Sequence* seq, bool end_of_prefill, float* logi
   if (!kv_.Append(seq->id, n, &copies)) return Status::Error("perplexity: the KV pool is full");
   const ScheduledRun run{seq, n, 1};
   batch_builder_.Build({&run, 1}, copies, kv_, &batch_);
+  batch_.return_logits = true;
   KVS_RETURN_IF_ERROR(runner_->Execute(batch_, &output_));
   std::copy(output_.logits.begin(), output_.logits.end(), logits);
   if (!output_.attention_mass[0].empty()) seq->attention_mass.swap(output_.attention_mass[0]);

@@ -11,7 +11,8 @@ ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr forma
     : model_(model),
       weight_bytes_(static_cast<double>(model.WeightBytesPerToken())),
       storage_(std::move(format), n_blocks),
-      forward_(model, pool) {}
+      forward_(model, pool),
+      sampler_(model.config().n_vocab) {}
 
 Status ModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   const int32_t m = storage_.kernel_blocks_per_block();
@@ -32,6 +33,7 @@ double ModelRunner::KvShareAt(int32_t n_context) const {
 
 Status ModelRunner::Execute(const StepBatch& step, StepOutput* out) {
   for (int64_t seq : step.released) kernel_tables_.erase(seq);
+  KVS_RETURN_IF_ERROR(sampler_.Apply(step));
   KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
   const int32_t m = storage_.kernel_blocks_per_block();
   batch_.Clear();
@@ -54,9 +56,15 @@ Status ModelRunner::Execute(const StepBatch& step, StepOutput* out) {
       bs.mass_first_token = r.mass_first_token;
     }
   }
-  out->logits.resize(static_cast<size_t>(step.n_logit_rows) * n_vocab());
+  std::vector<float>& logits = step.return_logits ? out->logits : logits_;
+  logits.resize(static_cast<size_t>(step.n_logit_rows) * n_vocab());
   storage_.ReservePositions(batch_.max_position + 1);
-  return forward_.Run(batch_, storage_.layers(), out->logits.data());
+  KVS_RETURN_IF_ERROR(forward_.Run(batch_, storage_.layers(), logits.data()));
+  if (step.return_logits) {
+    out->sampled.assign(step.runs.size(), {});
+    return Status::Ok();
+  }
+  return sampler_.Sample(step, logits.data(), out);
 }
 
 KvKeyShape ModelRunner::key_shape() const {

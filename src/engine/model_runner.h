@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 #include "engine/kv_format_factory.h"
 #include "engine/step_runner.h"
+#include "engine/step_sampler.h"
 #include "kv/kv_storage.h"
 #include "model/forward.h"
 #include "model/weights.h"
@@ -43,6 +44,8 @@ class ModelRunner final : public StepRunner {
   // Each sequence's block table as kernel blocks (KvStorage::KernelBlocks), kept by the steps'
   // changes: a step expands only the blocks that changed.
   std::unordered_map<int64_t, std::vector<int32_t>> kernel_tables_;
+  StepSampler sampler_;
+  std::vector<float> logits_;                // [n_logit_rows][n_vocab] of a step that draws
   std::vector<float> head_keys_, key_rope_;  // ReadKeys scratch
 };
 

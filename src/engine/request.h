@@ -13,6 +13,7 @@
 #include "engine/eviction_config.h"
 #include "engine/sampler.h"
 #include "engine/spec/spec_policy.h"
+#include "engine/step_batch.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {
@@ -35,11 +36,6 @@ struct RequestOptions {
   bool speculative = true;  // false: this request never drafts (the request field
                             // "speculative": false), whatever the engine's --spec-type
   KvBudget kv_budget;       // the request field kv_budget; unset: the engine's --kv-budget
-};
-
-struct TokenLogprob {
-  int32_t token = -1;
-  float logprob = 0;
 };
 
 // One streamed event: a new token of a choice, or its end (token -1 when it ended without
@@ -106,7 +102,9 @@ struct Sequence {
   uint8_t tiers_probed = 0;
   std::array<int32_t, kNumTiers> tier_seen{};
   std::array<int32_t, kNumTiers> tier_tokens{};
-  std::unique_ptr<Sampler> sampler;
+  // How it samples (the runner keeps its Sampler, step_batch.h): the request's parameters with
+  // the choice's seed, and its logprobs.
+  StepSampling sampling;
   SpecState spec;  // speculative decoding's acceptance estimate (spec_policy.h)
   // Token eviction (engine/evictor.h). Once a sequence has evicted, its cached slots no longer
   // hold positions 0, 1, ...: slot i holds the key of position slot_positions[i] (empty while

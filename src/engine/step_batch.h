@@ -9,10 +9,18 @@
 #include <vector>
 
 #include "core/ids.h"
+#include "engine/sampler.h"
 #include "kv/compaction.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvs {
+
+// How a sequence samples: the runner keeps a Sampler of these parameters per sequence (its RNG
+// stream lives as long as the sequence, preemptions included).
+struct StepSampling {
+  SamplingParams params;  // the seed already the choice's (a request's seed + choice)
+  int32_t logprobs = -1;  // >= 0: the sampled token's log-probability and this many top ones
+};
 
 // A sequence the runner has not seen (or was told to forget): its tokens so far, whole, so that a
 // runner holding per-sequence state (token history for penalties, a device-side token buffer)
@@ -21,6 +29,15 @@ struct StepNewSequence {
   int64_t seq = 0;              // SeqId value: the runner's key for everything of this sequence
   std::vector<int32_t> tokens;  // [prompt + output so far]; a run's tokens overwrite from its
                                 // first position on (drafts, a recompute after preemption)
+  StepSampling sampling;
+};
+
+// A choice of an n > 1 request, forked from its first sequence when that one's prompt ends: it
+// draws its first token from the same logits row, with its own sampler, and has the parent's
+// tokens so far.
+struct StepFork {
+  int64_t seq = 0;
+  StepSampling sampling;
 };
 
 // One sequence's run in the step.
@@ -31,7 +48,11 @@ struct StepRun {
   int32_t n_cached = 0;     // slots holding K/V before the step: token i writes slot n_cached + i
   int32_t first_position = 0;  // the RoPE position of its first token
   int32_t n_logits = 0;        // logit rows wanted, for its last n_logits tokens
-  int32_t n_drafts = 0;        // of its tokens, the last n_drafts are drafts to verify
+  // Of its tokens, the last n_drafts are drafts to verify (n_logits is then n_drafts + 1), with
+  // the distribution each was drawn from (empty: point masses, as an n-gram drafter's).
+  int32_t n_drafts = 0;
+  std::vector<std::vector<TokenProb>> draft_probs;
+  std::vector<StepFork> forks;  // choices that start here (see StepFork)
   // Its block table (pool block ids): keep the first table_keep blocks of the runner's copy,
   // drop the rest, then append table_append. The table covers every slot the run writes.
   int32_t table_keep = 0;
@@ -58,6 +79,8 @@ struct StepBatch {
   std::vector<BlockCopy> copies;               // block copies to do before anything is computed
   int32_t n_logit_rows = 0;                    // the sum of the runs' n_logits
   int32_t block_size = 0;                      // positions per pool block (the runner's format's)
+  // Perplexity's scoring wants the logits themselves and draws nothing.
+  bool return_logits = false;
 
   int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
   void Clear() {
@@ -69,11 +92,35 @@ struct StepBatch {
     released.clear();
     copies.clear();
     n_logit_rows = 0;
+    return_logits = false;
   }
 };
 
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+};
+
+// A sampled token's log-probability under the model's distribution (the raw logits' log
+// softmax, before penalties and temperature) and the most likely tokens', best first.
+struct SampledLogprobs {
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+};
+
+// What one choice of a run drew: one token, or after a verification the accepted drafts and the
+// token after them. logprobs: one per token, when the sequence asked for them.
+struct SampledTokens {
+  std::vector<int32_t> tokens;
+  int32_t n_accepted = 0;  // drafts kept (a verification)
+  std::vector<SampledLogprobs> logprobs;
+};
+
 struct StepOutput {
-  // [n_logit_rows][n_vocab]: each run's rows, for its last n_logits tokens, in run order.
+  // Per run that samples (n_logits > 0): the run's sequence's draw, then each fork's; empty
+  // for the others.
+  std::vector<std::vector<SampledTokens>> sampled;
+  // [n_logit_rows][n_vocab], only when the batch asks for them (return_logits: perplexity).
   std::vector<float> logits;
   // Per run: the observed attention mass (StepRun::attention_mass plus this step's), empty for
   // runs that observe none.

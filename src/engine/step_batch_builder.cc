@@ -10,6 +10,13 @@ void StepBatchBuilder::Release(SeqId seq) {
   if (sent_.erase(seq) > 0) released_.push_back(seq.value);
 }
 
+void StepBatchBuilder::AddFork(size_t run, SeqId child, const StepSampling& sampling,
+                               StepBatch* batch) {
+  // Known to the runner from here on, with no table yet: its first run sends the whole one.
+  sent_.try_emplace(child);
+  batch->runs[run].forks.push_back({child.value, sampling});
+}
+
 void StepBatchBuilder::Build(std::span<const ScheduledRun> runs, std::span<const BlockCopy> copies,
                              const KvCacheManager& kv, StepBatch* batch) {
   batch->Clear();
@@ -22,7 +29,7 @@ void StepBatchBuilder::Build(std::span<const ScheduledRun> runs, std::span<const
 void StepBatchBuilder::AddRun(const ScheduledRun& r, const KvCacheManager& kv, StepBatch* batch) {
   const Sequence& seq = *r.seq;
   auto [sent, is_new] = sent_.try_emplace(seq.id);
-  if (is_new) batch->new_sequences.push_back({seq.id.value, seq.tokens});
+  if (is_new) batch->new_sequences.push_back({seq.id.value, seq.tokens, seq.sampling});
   StepRun run;
   run.seq = seq.id.value;
   run.first_token = batch->n_tokens();

@@ -21,6 +21,8 @@ class StepBatchBuilder {
   // copies to do first. Sequence::n_computed is still the count before the step.
   void Build(std::span<const ScheduledRun> runs, std::span<const BlockCopy> copies,
              const KvCacheManager& kv, StepBatch* batch);
+  // Run `run` of batch forks a choice: its sequence id (reserved by the engine) and sampling.
+  void AddFork(size_t run, SeqId child, const StepSampling& sampling, StepBatch* batch);
   // The sequence is gone: the next batch tells the runner to forget it.
   void Release(SeqId seq);
 

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/step_batch.h"
+#include "engine/step_sampler.h"
 
 namespace kvs::testing {
 
@@ -49,6 +50,11 @@ class RunnerMirror {
       if (st.tokens.size() < end) st.tokens.resize(end);
       std::copy_n(step.tokens.begin() + r.first_token, r.n_tokens,
                   st.tokens.begin() + r.first_position);
+      // A fork starts with its parent's tokens (this run's end) and no table of its own.
+      for (const StepFork& f : r.forks) {
+        EXPECT_FALSE(sequences_.contains(f.seq)) << "fork " << f.seq << " is known already";
+        sequences_[f.seq].tokens.assign(st.tokens.begin(), st.tokens.begin() + end);
+      }
     }
   }
   const std::vector<int32_t>& tokens(int64_t seq) const { return sequences_.at(seq).tokens; }

@@ -90,10 +90,6 @@ Status DraftModelDrafter::CheckRequests(std::span<const DraftRequest> requests,
   std::unordered_set<SeqId> seen;
   for (const DraftRequest& r : requests) {
     if (r.seq == nullptr || r.max_drafts <= 0) continue;
-    if (r.seq->sampler == nullptr) {
-      return Status::Error(StrFormat("draft: sequence %lld has no sampler",
-                                     static_cast<long long>(r.seq->id.value)));
-    }
     if (!seen.insert(r.seq->id).second) {
       return Status::Error(StrFormat("draft: sequence %lld requested twice",
                                      static_cast<long long>(r.seq->id.value)));
@@ -109,7 +105,7 @@ void DraftModelDrafter::Activate(std::span<const DraftRequest> requests) {
     if (r.seq == nullptr || r.max_drafts <= 0 || r.seq->n_committed() < 1) continue;
     SeqState& state = states_[r.seq->id];
     if (state.sampler == nullptr) {
-      SamplingParams params = r.seq->sampler->params();
+      SamplingParams params = r.seq->sampling.params;
       params.seed ^= kDraftSeedMix;
       state.sampler = std::make_unique<Sampler>(params, n_vocab_);
     }

@@ -67,7 +67,7 @@ Status SelfDrafter::Propose(std::span<const DraftRequest> requests, const KvCach
     const Sequence& seq = *requests[i].seq;
     auto& sampler = samplers_[seq.id];
     if (!sampler) {
-      SamplingParams params = seq.sampler->params();
+      SamplingParams params = seq.sampling.params;
       params.seed ^= 0x5E1FD7AF7ull;  // the draft's draws are independent of the target's
       sampler = std::make_unique<Sampler>(params, n_vocab);
     }
