@@ -10,8 +10,10 @@
 #include <numeric>
 #include <random>
 
+#include "engine/calibration_prefill.h"
 #include "engine/key_offsets.h"
 #include "engine/kv_format_factory.h"
+#include "engine/kv_transforms.h"
 #include "engine/query_centres.h"
 #include "kernels/kv_layer.h"
 #include "kernels/ops.h"
@@ -424,6 +426,49 @@ TEST(MeasureTriCalibration, IsDeterministicAndRejectsBadTokens) {
   EXPECT_EQ((*a)->theta, (*b)->theta);
   EXPECT_FALSE(MeasureTriCalibration(**model, pool, {}).ok());
   EXPECT_FALSE(MeasureTriCalibration(**model, pool, {1, -3}).ok());
+}
+
+// The three calibrations of one engine share one prefill of the built-in paragraph, and what
+// each measures from it is what it measures running its own.
+TEST(CalibrationRuns, KeyCodingTriAndTransformFitShareOnePrefill) {
+  KVS_REQUIRE_MODEL(path, "stories260K.gguf");
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.error();
+  const Model& m = **model;
+  const std::vector<int32_t> tokens = KeyCalibrationTokens(nullptr, m.config().n_vocab);
+  ThreadPool pool(2);
+  CalibrationRuns runs(m, pool);
+  // In the order an engine asks: key coding (no queries asked), tri, the transform fit.
+  auto for_keys = runs.Get(tokens, /*with_queries=*/false);
+  ASSERT_TRUE(for_keys.ok()) << for_keys.error();
+  const KeyCoding shared_keys = MeasureKeyCoding(m, **for_keys, KvType::kQ8_0, 256);
+  auto for_tri = runs.Get(tokens, /*with_queries=*/true);
+  ASSERT_TRUE(for_tri.ok());
+  auto shared_tri = MeasureTriCalibration(m, **for_tri);
+  ASSERT_TRUE(shared_tri.ok()) << shared_tri.error();
+  auto shared_fit = FitKvTransforms(m, pool, tokens, 512, Digest128{}, &runs);
+  ASSERT_TRUE(shared_fit.ok()) << shared_fit.error();
+  EXPECT_EQ(runs.num_runs(), 1);
+
+  const KeyCoding own_keys = MeasureKeyCoding(m, pool, tokens, KvType::kQ8_0, 256);
+  EXPECT_EQ(shared_keys.offsets, own_keys.offsets);
+  EXPECT_FALSE(own_keys.offsets.empty());
+  auto own_tri = MeasureTriCalibration(m, pool, tokens);
+  ASSERT_TRUE(own_tri.ok());
+  EXPECT_EQ((*shared_tri)->query_mean, (*own_tri)->query_mean);
+  auto own_fit = FitKvTransforms(m, pool, tokens, 512, Digest128{});
+  ASSERT_TRUE(own_fit.ok());
+  EXPECT_EQ(SerializeKvTransforms(*shared_fit), SerializeKvTransforms(*own_fit));
+
+  // Other tokens are another prefill; a long text keeps its queries only when asked.
+  std::vector<int32_t> longer(100, 5);
+  ASSERT_TRUE(runs.Get(longer, false).ok());
+  EXPECT_FALSE((*runs.Get(longer, false))->has_queries());
+  EXPECT_EQ(runs.num_runs(), 2);
+  EXPECT_TRUE((*runs.Get(longer, true))->has_queries());
+  EXPECT_EQ(runs.num_runs(), 3);
+  EXPECT_FALSE(runs.Get({}, false).ok());
+  EXPECT_FALSE(runs.Get(std::vector<int32_t>{1, m.config().n_vocab}, false).ok());
 }
 
 }  // namespace

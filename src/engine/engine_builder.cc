@@ -21,7 +21,11 @@ namespace kvs {
 
 EngineBuilder::EngineBuilder(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
                              KvFormatOptions kv)
-    : model_(model), tokenizer_(tokenizer), pool_(pool), kv_(std::move(kv)) {}
+    : model_(model),
+      tokenizer_(tokenizer),
+      pool_(pool),
+      kv_(std::move(kv)),
+      calibration_runs_(model, pool) {}
 
 Expected<KvFormatPtr> EngineBuilder::Format(int32_t block_size, int32_t n_ctx) {
   if (format_ != nullptr && format_->block_size() == block_size && format_ctx_ == n_ctx) {
@@ -30,7 +34,7 @@ Expected<KvFormatPtr> EngineBuilder::Format(int32_t block_size, int32_t n_ctx) {
   KvFormatOptions options = kv_;
   options.block_size = block_size;
   options.n_ctx = n_ctx;
-  auto format = MakeKvFormat(model_, tokenizer_, pool_, options);
+  auto format = MakeKvFormat(model_, tokenizer_, pool_, options, &calibration_runs_);
   if (format.ok()) {
     format_ = *format;
     format_ctx_ = n_ctx;
@@ -254,7 +258,7 @@ Expected<std::shared_ptr<const KvBlockCodec>> EngineBuilder::TransformCodecFor(
   if (transforms_ == nullptr) {
     std::vector<int32_t> tokens = kv_.calibration_tokens;
     if (tokens.empty()) tokens = KeyCalibrationTokens(tokenizer_, model_.config().n_vocab);
-    auto fit = LoadOrFitKvTransforms(model_, pool_, *format, tokens, dir);
+    auto fit = LoadOrFitKvTransforms(model_, pool_, *format, tokens, dir, &calibration_runs_);
     if (!fit.ok()) return fit.status();
     transforms_ = *fit;
   }
@@ -276,7 +280,9 @@ Expected<std::unique_ptr<EvictionPolicy>> EngineBuilder::EvictionPolicyFor(
   if (tri_ == nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int32_t> tokens = KeyCalibrationTokens(tokenizer_, model_.config().n_vocab);
-    auto calibration = MeasureTriCalibration(model_, pool_, tokens);
+    auto run = calibration_runs_.Get(tokens, /*with_queries=*/true);
+    if (!run.ok()) return run.status();
+    auto calibration = MeasureTriCalibration(model_, **run);
     if (!calibration.ok()) return calibration.status();
     tri_ = std::move(*calibration);
     KVS_LOG_INFO(

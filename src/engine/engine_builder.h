@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
+#include "engine/calibration_prefill.h"
 #include "engine/engine.h"
 #include "engine/kv_format_factory.h"
 #include "engine/model_runner.h"
@@ -71,6 +72,7 @@ class EngineBuilder {
   KvFormatPtr format_;  // the last one made, and the context it was made for
   int32_t format_ctx_ = 0;
   SpecOptions spec_;
+  CalibrationRuns calibration_runs_;  // the calibrations' prefills, shared when their text is
   std::shared_ptr<const TriCalibration> tri_;       // the tri eviction policy's, once measured
   std::shared_ptr<const KvTransforms> transforms_;  // the transform codec's fit, once made
 };

@@ -7,7 +7,6 @@
 #include "kernels/kv_quant.h"
 #include "kernels/ops.h"
 #include "kv/kv_storage.h"
-#include "model/forward.h"
 
 namespace kvs {
 
@@ -41,18 +40,17 @@ std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_
 
 KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
                            KvType k_type, int32_t context) {
+  auto run = CalibrationPrefill::Run(model, pool, tokens, /*with_queries=*/false);
+  KVS_CHECK_MSG(run.ok(), "key calibration run failed");
+  return MeasureKeyCoding(model, **run, k_type, context);
+}
+
+KeyCoding MeasureKeyCoding(const Model& model, const CalibrationPrefill& run, KvType k_type,
+                           int32_t context) {
   const ModelConfig& c = model.config();
-  const int32_t n_tokens = static_cast<int32_t>(tokens.size());
-  KVS_CHECK(n_tokens >= 1);
-  const int32_t n_blocks = (n_tokens + kKvBlockTokens - 1) / kKvBlockTokens;
-  KvStorage storage(PlainKvFormat(ModelKvGeometry(c, kKvBlockTokens)), n_blocks + 1);
-  std::vector<int32_t> blocks(n_blocks);
-  for (int32_t b = 0; b < n_blocks; ++b) blocks[b] = b + 1;
-  RaggedBatch batch;
-  batch.AddSequence(tokens.data(), n_tokens, 0, blocks, 0);
-  ForwardPass forward(model, pool);
-  const Status st = forward.Run(batch, storage.layers(), nullptr);
-  KVS_CHECK_MSG(st.ok(), "key calibration run failed");
+  const int32_t n_tokens = run.n_tokens();
+  const KvStorage& storage = run.storage();
+  const std::vector<int32_t>& blocks = run.blocks();
 
   // The calibration keys before RoPE (each turned back by its position): [token][layer][head][hk].
   // Model-wide codings need one RoPE for every layer (MakeKvFormat refuses a model without).

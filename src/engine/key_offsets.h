@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/calibration_prefill.h"
 #include "kernels/kv_types.h"
 #include "kv/kv_format.h"
 #include "model/weights.h"
@@ -31,5 +32,8 @@ std::vector<int32_t> KeyCalibrationTokens(const Tokenizer* tokenizer, int32_t n_
 // Deterministic for a model, type and context: caches built alike store interchangeable blocks.
 KeyCoding MeasureKeyCoding(const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
                            KvType k_type, int32_t context);
+// The same from a prefill of the calibration tokens already made (calibration_prefill.h).
+KeyCoding MeasureKeyCoding(const Model& model, const CalibrationPrefill& run, KvType k_type,
+                           int32_t context);
 
 }  // namespace kvs

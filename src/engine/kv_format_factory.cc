@@ -65,7 +65,7 @@ void WarnCalibrationUnused(KvType k_type) {
 }
 
 Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
-                                   const KvFormatOptions& options) {
+                                   const KvFormatOptions& options, CalibrationRuns* runs) {
   const ModelConfig& c = model.config();
   const KvGeometry geometry = ModelKvGeometry(c, options.block_size, options.types);
   KVS_RETURN_IF_ERROR(geometry.Validate());
@@ -97,7 +97,14 @@ Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenize
   }
   calibration.tokens = DigestBytes(tokens.data(), tokens.size() * sizeof(int32_t));
   calibration.offset_context = options.n_ctx;
-  KeyCoding coding = MeasureKeyCoding(model, pool, tokens, options.types.k, options.n_ctx);
+  KeyCoding coding;
+  if (runs != nullptr) {
+    auto run = runs->Get(tokens, /*with_queries=*/false);
+    if (!run.ok()) return run.status();
+    coding = MeasureKeyCoding(model, **run, options.types.k, options.n_ctx);
+  } else {
+    coding = MeasureKeyCoding(model, pool, tokens, options.types.k, options.n_ctx);
+  }
   calibration.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto format = KvFormat::Make(geometry, rope, std::move(coding), std::move(calibration));

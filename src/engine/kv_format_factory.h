@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "engine/calibration_prefill.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_format.h"
 #include "model/weights.h"
@@ -67,7 +68,8 @@ BlockHash ModelCacheKey(const Digest128& weights, const KvFormat& format, std::s
 void WarnCalibrationUnused(KvType k_type);
 
 // Logs one line when it calibrates (what, on which text, how long it took).
+// runs: where the calibration prefill comes from (shared with the other calibrations), or null.
 Expected<KvFormatPtr> MakeKvFormat(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
-                                   const KvFormatOptions& options);
+                                   const KvFormatOptions& options, CalibrationRuns* runs = nullptr);
 
 }  // namespace kvs

@@ -15,7 +15,6 @@
 #include "kernels/ops.h"
 #include "kv/block_file.h"
 #include "kv/kv_storage.h"
-#include "model/forward.h"
 
 namespace kvs {
 namespace {
@@ -42,7 +41,7 @@ Digest128 KvTransformKey(const Digest128& weights, const KvFormat& format,
 
 Expected<KvTransforms> FitKvTransforms(const Model& model, ThreadPool& pool,
                                        const std::vector<int32_t>& tokens, int32_t chunk,
-                                       const Digest128& key) {
+                                       const Digest128& key, CalibrationRuns* runs) {
   const ModelConfig& c = model.config();
   if (tokens.size() < 2) return Status::Error("transform fit: needs at least 2 calibration tokens");
   chunk = std::max(chunk, 2);
@@ -55,11 +54,6 @@ Expected<KvTransforms> FitKvTransforms(const Model& model, ThreadPool& pool,
   const RopeParams rope = model.Rope(0);
   const int32_t H = c.n_head_kv, dk = c.head_dim_k, dv = c.head_dim_v, n_rot = rope.n_rot;
   const size_t n_heads = static_cast<size_t>(c.n_layer) * H;
-  const int32_t n_chunk_blocks = (chunk + kKvBlockTokens - 1) / kKvBlockTokens;
-  KvStorage storage(PlainKvFormat(ModelKvGeometry(c, kKvBlockTokens)), n_chunk_blocks + 1);
-  std::vector<int32_t> blocks(n_chunk_blocks);
-  for (int32_t b = 0; b < n_chunk_blocks; ++b) blocks[b] = b + 1;
-  ForwardPass forward(model, pool);
   // Samples: [head][sample][d]; position 0 of each chunk left out (attention sinks).
   int64_t n_samples = 0;
   for (int32_t at = 0; at < n_tok; at += chunk) n_samples += std::min(chunk, n_tok - at) - 1;
@@ -70,9 +64,13 @@ Expected<KvTransforms> FitKvTransforms(const Model& model, ThreadPool& pool,
   for (int32_t at = 0; at < n_tok; at += chunk) {
     const int32_t n = std::min(chunk, n_tok - at);
     if (n < 2) break;
-    RaggedBatch batch;
-    batch.AddSequence(tokens.data() + at, n, 0, blocks, 0);
-    KVS_RETURN_IF_ERROR(forward.Run(batch, storage.layers(), nullptr));
+    // A text of one chunk is the prefill the key codings and tri measured: shared.
+    const std::span<const int32_t> part(tokens.data() + at, static_cast<size_t>(n));
+    auto run = runs != nullptr ? runs->Get(part, /*with_queries=*/false)
+                               : CalibrationPrefill::Run(model, pool, part, false);
+    if (!run.ok()) return run.status();
+    const KvStorage& storage = (*run)->storage();
+    const std::vector<int32_t>& blocks = (*run)->blocks();
     for (int32_t p = 1; p < n; ++p, ++sample) {
       RopeAngles(p, rope, cs.data());
       for (int32_t i = n_rot / 2; i < n_rot; ++i) cs[i] = -cs[i];  // turn back by -p
@@ -186,7 +184,7 @@ Expected<KvTransforms> ParseKvTransforms(std::span<const uint8_t> bytes, const D
 
 Expected<std::shared_ptr<const KvTransforms>> LoadOrFitKvTransforms(
     const Model& model, ThreadPool& pool, const KvFormat& format,
-    const std::vector<int32_t>& tokens, const std::string& dir) {
+    const std::vector<int32_t>& tokens, const std::string& dir, CalibrationRuns* runs) {
   const Digest128 key = KvTransformKey(model.weights_digest(), format, tokens);
   const std::string name = "tc-" + key.Hex() + ".basis";
   const KvGeometry g = ModelKvGeometry(model.config(), kKvBlockTokens);
@@ -214,7 +212,7 @@ Expected<std::shared_ptr<const KvTransforms>> LoadOrFitKvTransforms(
   const auto t0 = std::chrono::steady_clock::now();
   const int32_t n_ctx_train = model.config().n_ctx_train;
   const int32_t chunk = std::min<int32_t>(512, n_ctx_train > 0 ? n_ctx_train : 512);
-  auto t = FitKvTransforms(model, pool, tokens, chunk, key);
+  auto t = FitKvTransforms(model, pool, tokens, chunk, key, runs);
   if (!t.ok()) return t.status();
   const int32_t min_samples = 4 * std::max(g.head_dim_k, g.head_dim_v);
   KVS_LOG_INFO("kv codec: fitted the transform basis on %lld positions per head in %.1f s",

@@ -18,6 +18,7 @@
 #include "core/digest.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "engine/calibration_prefill.h"
 #include "kernels/kv_transform.h"
 #include "kv/kv_format.h"
 #include "model/weights.h"
@@ -41,9 +42,10 @@ Digest128 KvTransformKey(const Digest128& weights, const KvFormat& format,
 // position 0: the statistics of the positions a served prompt has) and fits every head's key and
 // value PCA. Position 0 of each chunk is left out of the fit: the first token's keys and values
 // are attention sinks, far from the rest, and would take a component of their own.
+// runs: where the prefills come from (shared with the other calibrations), or null.
 Expected<KvTransforms> FitKvTransforms(const Model& model, ThreadPool& pool,
                                        const std::vector<int32_t>& tokens, int32_t chunk,
-                                       const Digest128& key);
+                                       const Digest128& key, CalibrationRuns* runs = nullptr);
 
 // The file's bytes and back (checksummed); Parse checks the key and the geometry.
 std::vector<uint8_t> SerializeKvTransforms(const KvTransforms& t);
@@ -54,6 +56,6 @@ Expected<KvTransforms> ParseKvTransforms(std::span<const uint8_t> bytes, const D
 // and (dir not empty) saved there. Logs what it did.
 Expected<std::shared_ptr<const KvTransforms>> LoadOrFitKvTransforms(
     const Model& model, ThreadPool& pool, const KvFormat& format,
-    const std::vector<int32_t>& tokens, const std::string& dir);
+    const std::vector<int32_t>& tokens, const std::string& dir, CalibrationRuns* runs = nullptr);
 
 }  // namespace kvs

@@ -3,29 +3,31 @@
 #include "engine/kv_format_factory.h"
 #include "kernels/ops.h"
 #include "kv/kv_format.h"
-#include "kv/kv_storage.h"
 #include "model/forward.h"
 
 namespace kvs {
 
 Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
     const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) return Status::Error("tri calibration: no calibration tokens");
+  auto run = CalibrationPrefill::Run(model, pool, tokens, /*with_queries=*/true);
+  if (!run.ok()) return Status::Error("tri calibration run: " + run.error());
+  return MeasureTriCalibration(model, **run);
+}
+
+Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
+    const Model& model, const CalibrationPrefill& run) {
   const ModelConfig& c = model.config();
-  const int32_t n_tokens = static_cast<int32_t>(tokens.size());
-  if (n_tokens < 1) return Status::Error("tri calibration: no calibration tokens");
+  const int32_t n_tokens = run.n_tokens();
+  if (n_tokens < 1 || !run.has_queries()) {
+    return Status::Error("tri calibration: needs a prefill with its queries");
+  }
   if (c.uniform_rope() == nullptr) {
     return Status::Error(
         "the tri eviction policy needs one RoPE for every layer; this model's "
         "layers differ");
   }
   const RopeParams rope = model.Rope(0);
-  const int32_t n_blocks = (n_tokens + kKvBlockTokens - 1) / kKvBlockTokens;
-  KvStorage storage(PlainKvFormat(ModelKvGeometry(c, kKvBlockTokens)), n_blocks + 1);
-  std::vector<int32_t> blocks(n_blocks);
-  for (int32_t b = 0; b < n_blocks; ++b) blocks[b] = b + 1;  // as MeasureKeyCoding lays them out
-  RaggedBatch batch;
-  batch.AddSequence(tokens.data(), n_tokens, 0, blocks, 0);
-
   auto cal = std::make_shared<TriCalibration>();
   cal->n_layer = c.n_layer;
   cal->n_head = c.n_head;
@@ -46,10 +48,10 @@ Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
   const size_t q_row = static_cast<size_t>(c.n_head) * hd;
   std::vector<double> sum(static_cast<size_t>(c.n_layer) * q_row, 0.0);  // [layer][head][dim]
   std::vector<float> cos_sin(n_rot), q(hd);                              // [n_rot], [head_dim]
-  ForwardPass forward(model, pool);
-  forward.set_query_tap([&](int32_t layer, const RaggedBatch& b, const float* queries) {
-    for (int32_t i = 0; i < b.n_tokens(); ++i) {
-      RopeAngles(b.positions[i], rope, cos_sin.data());
+  for (int32_t layer = 0; layer < c.n_layer; ++layer) {
+    const float* queries = run.queries(layer);
+    for (int32_t i = 0; i < n_tokens; ++i) {
+      RopeAngles(i, rope, cos_sin.data());  // the prefill's token i sits at position i
       for (int32_t j = n_rot / 2; j < n_rot; ++j) cos_sin[j] = -cos_sin[j];  // rotate by -p
       for (int32_t h = 0; h < c.n_head; ++h) {
         const float* qh = queries + i * q_row + static_cast<size_t>(h) * hd;
@@ -59,9 +61,7 @@ Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
         for (int32_t e = 0; e < hd; ++e) s[e] += q[e];
       }
     }
-  });
-  const Status run = forward.Run(batch, storage.layers(), nullptr);
-  if (!run.ok()) return Status::Error("tri calibration run: " + run.message());
+  }
 
   cal->query_mean.resize(sum.size());
   for (size_t e = 0; e < sum.size(); ++e)

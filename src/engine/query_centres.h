@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "engine/calibration_prefill.h"
 #include "kv/tri_policy.h"
 #include "model/weights.h"
 
@@ -20,5 +21,8 @@ namespace kvs {
 // Errors: no tokens, or a token the forward pass rejects.
 Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
     const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens);
+// The same from a prefill of the tokens already made with its queries (calibration_prefill.h).
+Expected<std::shared_ptr<const TriCalibration>> MeasureTriCalibration(
+    const Model& model, const CalibrationPrefill& run);
 
 }  // namespace kvs

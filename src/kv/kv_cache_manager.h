@@ -15,6 +15,7 @@
 #include "core/ids.h"
 #include "core/status.h"
 #include "kv/block_pool.h"
+#include "kv/kv_group.h"
 
 namespace kvs {
 
@@ -43,11 +44,14 @@ struct BlockTable {
 
 // The longest cached prefix of a token sequence: whole blocks, never the last token (whose
 // logits are needed).
+// With several KV groups (kv_group.h), `blocks` is the first group's and group_blocks[g - 1]
+// group g's, where a sliding-window group has the null block for the blocks its window skips.
 struct PrefixMatch {
   std::vector<BlockId> blocks;
   std::vector<BlockHash> hashes;
   int32_t n_tokens = 0;
-  int32_t n_free = 0;  // of those blocks, how many sit in the free list (taking them uses it)
+  int32_t n_free = 0;  // of those blocks (every group's), how many sit in the free list
+  std::vector<std::vector<BlockId>> group_blocks;
 };
 
 // The runner copies block src to block dst (all layers) before the step's forward pass.
@@ -61,7 +65,10 @@ class KvCacheManager {
  public:
   // n_blocks counts the null block (see BlockPool). watermark_blocks: admission keeps this many
   // blocks free so that running sequences can still grow by a block without preempting.
-  KvCacheManager(int32_t n_blocks, int32_t block_size, int32_t watermark_blocks = 0);
+  // groups: the KV cache groups (kv_group.h), one table each per sequence; the first is the one
+  // the lower tiers and token eviction work on. Today's models have one full-attention group.
+  KvCacheManager(int32_t n_blocks, int32_t block_size, int32_t watermark_blocks = 0,
+                 std::vector<KvGroupSpec> groups = {KvGroupSpec{}});
 
   int32_t block_size() const { return block_size_; }
   int32_t num_free_blocks() const { return pool_.num_free(); }
@@ -70,13 +77,15 @@ class KvCacheManager {
   const BlockPool& pool() const { return pool_; }
   int32_t BlocksFor(int32_t n_tokens) const { return (n_tokens + block_size_ - 1) / block_size_; }
 
-  bool Contains(SeqId seq) const { return tables_.contains(seq); }
-  // The sequence's table; an absent sequence reads as an empty one.
-  const BlockTable& Table(SeqId seq) const;
-  int32_t num_sequences() const { return static_cast<int32_t>(tables_.size()); }
+  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  const KvGroupSpec& group(int32_t g) const { return groups_[g].spec; }
+  bool Contains(SeqId seq) const { return groups_[0].tables.contains(seq); }
+  // The sequence's table in group g; an absent sequence reads as an empty one.
+  const BlockTable& Table(SeqId seq, int32_t g = 0) const;
+  int32_t num_sequences() const { return static_cast<int32_t>(groups_[0].tables.size()); }
 
-  // Blocks Append(seq, n_new) would take from the pool: new blocks past the table's end, plus
-  // one when the last block is partial and shared (its copy). 0 for n_new == 0.
+  // Blocks Append(seq, n_new) would take from the pool, over every group: new blocks past the
+  // table's end, plus one when the last block is partial and shared (its copy). 0 for n_new == 0.
   int32_t BlocksToAppend(SeqId seq, int32_t n_new) const;
   // Blocks that Free(seq) would certainly return to the pool (those only this sequence holds).
   int32_t BlocksFreedBy(SeqId seq) const;
@@ -85,7 +94,8 @@ class KvCacheManager {
 
   // Gives positions [num_tokens, num_tokens + n_new) slots, creating the sequence if absent.
   // All or nothing: returns false and changes nothing when the pool is short. A shared partial
-  // last block is first replaced by a private copy, reported in *copies.
+  // last block is first replaced by a private copy, reported in *copies. In a sliding-window
+  // group the blocks wholly before the window of the first new position are then released.
   bool Append(SeqId seq, int32_t n_new, std::vector<BlockCopy>* copies);
 
   // Allocates blocks so that the sequence can hold n_positions without further allocation
@@ -93,7 +103,7 @@ class KvCacheManager {
   bool Reserve(SeqId seq, int32_t n_positions);
 
   // The KV slot of position pos: table[pos / block_size] * block_size + pos % block_size.
-  int64_t Slot(SeqId seq, int32_t pos) const;
+  int64_t Slot(SeqId seq, int32_t pos, int32_t g = 0) const;
 
   // child gets parent's table; every block gains a reference (shared until written).
   Status Fork(SeqId parent, SeqId child);
@@ -149,10 +159,12 @@ class KvCacheManager {
   // listener with each block that enters the index; may be empty without one.
   void CommitFullBlocks(SeqId seq, std::span<const BlockHash> hashes, int32_t n_computed,
                         std::span<const int32_t> tokens = {});
-  int32_t num_cached_blocks() const { return static_cast<int32_t>(cached_.size()); }
-  // The block indexed under hash, if any.
-  std::optional<BlockId> CachedBlock(const BlockHash& hash) const;
-  // Every indexed block with its hash, in no particular order (a tier's flush at shutdown).
+  // Indexed blocks, over every group.
+  int32_t num_cached_blocks() const;
+  // The block indexed under hash in group g, if any.
+  std::optional<BlockId> CachedBlock(const BlockHash& hash, int32_t g = 0) const;
+  // Every indexed block of the first group with its hash, in no particular order (a tier's
+  // flush at shutdown).
   std::vector<std::pair<BlockHash, BlockId>> CachedBlocks() const;
   // Drops every indexed block nobody holds from the index (vLLM's reset_prefix_cache); blocks
   // in use stay indexed. Returns how many were dropped.
@@ -193,7 +205,23 @@ class KvCacheManager {
   Status VerifyIntegrity() const;
 
  private:
+  struct Group {
+    KvGroupSpec spec;
+    std::unordered_map<SeqId, BlockTable> tables;
+    std::unordered_map<BlockHash, BlockId, BlockHashHasher> cached;  // its prefix index
+  };
   bool LastBlockNeedsCopy(const BlockTable& t) const;
+  int32_t GroupBlocksToAppend(const BlockTable& t, int32_t n_new) const;
+  // Gives table t of group g n_new more positions from fresh (taken in order from *next).
+  void GrowTable(BlockTable& t, int32_t n_new, std::span<const BlockId> fresh, size_t* next,
+                 std::vector<BlockCopy>* copies);
+  // A sliding-window group's eviction rule (kv_group.h) for a table whose next query is at pos.
+  void ReleaseBeforeWindow(const KvGroupSpec& spec, BlockTable& t, int32_t pos);
+  // The longest usable prefix, in blocks, of the first `usable` blocks under hashes.
+  size_t MatchBlocks(std::span<const BlockHash> hashes, size_t usable) const;
+  Status VerifyGroup(const Group& group, std::vector<int32_t>* holders) const;
+  // Frees a table's blocks (null entries skipped), last first.
+  void FreeBlocks(std::vector<BlockId>& blocks);
   // Takes n blocks, dropping the cached hashes of those that were cached (LRU eviction).
   bool AllocateBlocks(int32_t n, std::vector<BlockId>* out);
   // Removes a block from the prefix index (its bytes are about to change, or reused: handed out
@@ -204,11 +232,11 @@ class KvCacheManager {
   BlockPool pool_;
   int32_t block_size_;
   int32_t watermark_;
-  std::unordered_map<SeqId, BlockTable> tables_;
+  std::vector<Group> groups_;
   bool prefix_caching_ = false;
-  std::vector<BlockHash> block_hash_;  // per block: its hash while it is in cached_
+  std::vector<BlockHash> block_hash_;  // per block: its hash while it is in a group's index
   std::vector<bool> block_cached_;
-  std::unordered_map<BlockHash, BlockId, BlockHashHasher> cached_;
+  std::vector<uint8_t> block_group_;  // per block: the group whose index holds it
   UncacheListener uncache_listener_;
   IndexListener index_listener_;
   // Tells the index listener that block id entered the index (tokens: the block's, or empty).
