@@ -141,6 +141,14 @@ TEST_F(KvGroups, ForksRollbacksAndFreesKeepEveryGroupConsistent) {
   EXPECT_EQ(kv_.Table(b, 0).num_tokens, 15);
   EXPECT_EQ(kv_.Table(b, 1).num_tokens, 15);
   EXPECT_EQ(kv_.BlocksFreedBy(b), 2);  // its copies of the last block, one in each group
+  // Position 15's window (8..15) let b release window block 1 (4..7): a rollback to 13, whose
+  // query would read 6..13, is refused and changes nothing.
+  ASSERT_EQ(kv_.Table(b, 1).blocks[1], kNullBlock);
+  EXPECT_FALSE(kv_.Truncate(b, 13).ok());
+  EXPECT_EQ(kv_.Table(b, 0).num_tokens, 15);
+  EXPECT_EQ(kv_.Table(b, 1).num_tokens, 15);
+  EXPECT_TRUE(kv_.Truncate(b, 15).ok());
+  Check();
   kv_.Free(a);
   kv_.Free(b);
   Check();

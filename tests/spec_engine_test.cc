@@ -38,6 +38,7 @@ class FakeRunner final : public StepRunner {
   }
   Status Execute(const StepBatch& step, StepOutput* out) override {
     mirror.Apply(step);
+    mirror.ExpectSlotsMatchTables(step);
     KVS_RETURN_IF_ERROR(sampler_.Apply(step));
     steps.emplace_back();
     copies.insert(copies.end(), step.copies.begin(), step.copies.end());

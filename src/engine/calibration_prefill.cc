@@ -46,12 +46,12 @@ Expected<std::shared_ptr<const CalibrationPrefill>> CalibrationRuns::Get(
       (!with_queries || last_->has_queries())) {
     return last_;
   }
-  with_queries |= std::ssize(tokens) <= queries_up_to_;
-  auto run = CalibrationPrefill::Run(model_, pool_, tokens, with_queries);
+  const bool share = std::ssize(tokens) <= share_up_to_;
+  auto run = CalibrationPrefill::Run(model_, pool_, tokens, with_queries || share);
   if (!run.ok()) return run.status();
   ++num_runs_;
-  last_ = *run;
-  return last_;
+  last_ = share ? *run : nullptr;
+  return *run;
 }
 
 }  // namespace kvs

@@ -46,23 +46,25 @@ class CalibrationPrefill {
   size_t query_layer_floats_ = 0;
 };
 
-// The last prefill, reused when the same tokens are asked for again (with queries, if they are
-// wanted and it has them). A prefill of at most queries_up_to tokens keeps its queries whether
-// asked or not, so that a later calibration that wants them (tri's, on the built-in paragraph of
-// at most 64 tokens) shares it; longer ones keep them only when asked (they are n_layer *
-// n_head * head_dim floats a token).
+// The last prefill of at most share_up_to tokens, reused when the same tokens are asked for
+// again; it keeps its queries whether asked or not, so that a later calibration that wants them
+// (tri's, on the built-in paragraph of at most 64 tokens) shares it. A longer text is not kept:
+// its f32 K/V (and queries) would stay in memory beside the KV pool the engine allocates next
+// (512 tokens of a 32-layer model with 4096-wide K/V are 512 MiB).
 class CalibrationRuns {
  public:
-  CalibrationRuns(const Model& model, ThreadPool& pool, int32_t queries_up_to = 64)
-      : model_(model), pool_(pool), queries_up_to_(queries_up_to) {}
+  CalibrationRuns(const Model& model, ThreadPool& pool, int32_t share_up_to = 64)
+      : model_(model), pool_(pool), share_up_to_(share_up_to) {}
   Expected<std::shared_ptr<const CalibrationPrefill>> Get(std::span<const int32_t> tokens,
                                                           bool with_queries);
   int32_t num_runs() const { return num_runs_; }  // forward passes made (tests)
+  // Drops the kept prefill (the calibrations are done).
+  void Clear() { last_ = nullptr; }
 
  private:
   const Model& model_;
   ThreadPool& pool_;
-  int32_t queries_up_to_;
+  int32_t share_up_to_;
   std::shared_ptr<const CalibrationPrefill> last_;
   int32_t num_runs_ = 0;
 };

@@ -142,6 +142,7 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   local.engine =
       std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get(), std::move(*policy));
   for (auto& tier : *tiers) local.engine->AttachTier(std::move(tier));
+  calibration_runs_.Clear();  // every calibration is made: its prefill goes
   return local;
 }
 
@@ -154,6 +155,7 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
   if (!policy.ok()) return policy.status();
   auto tiers = Tiers(config, **runner);
   if (!tiers.ok()) return tiers.status();
+  calibration_runs_.Clear();  // every calibration is made: its prefill goes
   return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec),
                                        std::move(*policy), std::move(*tiers));
 }

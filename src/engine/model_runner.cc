@@ -41,9 +41,26 @@ Status ModelRunner::Execute(const StepBatch& step, StepOutput* out) {
   for (size_t i = 0; i < step.runs.size(); ++i) {
     const StepRun& r = step.runs[i];
     std::vector<int32_t>& kernel_blocks = kernel_tables_[r.seq];
+    // A batch that does not fit what this runner holds is an error, never a read of block 0.
+    if (r.table_keep < 0 || static_cast<size_t>(r.table_keep) * m > kernel_blocks.size() ||
+        r.first_token < 0 || r.n_tokens < 1 || r.n_cached < 0 || r.n_logits < 0 ||
+        r.n_logits > r.n_tokens ||
+        static_cast<int64_t>(r.first_token) + r.n_tokens > step.n_tokens() ||
+        (!r.key_positions.empty() &&
+         std::ssize(r.key_positions) != static_cast<int64_t>(r.n_cached) + r.n_tokens)) {
+      return Status::Error(
+          StrFormat("step: sequence %lld's run does not fit the batch or its table",
+                    static_cast<long long>(r.seq)));
+    }
     kernel_blocks.resize(static_cast<size_t>(r.table_keep) * m);
     const std::vector<int32_t> appended = storage_.KernelBlocks(r.table_append);
     kernel_blocks.insert(kernel_blocks.end(), appended.begin(), appended.end());
+    if (static_cast<int64_t>(kernel_blocks.size()) * kKvBlockTokens <
+        static_cast<int64_t>(r.n_cached) + r.n_tokens) {
+      return Status::Error(StrFormat(
+          "step: sequence %lld's table holds %zu slots, not %d", static_cast<long long>(r.seq),
+          kernel_blocks.size() * kKvBlockTokens, r.n_cached + r.n_tokens));
+    }
     batch_.AddSequence(step.tokens.data() + r.first_token, r.n_tokens, r.n_cached, kernel_blocks,
                        r.n_logits, r.first_position, r.key_positions);
     std::vector<float>& mass = out->attention_mass[i];

@@ -26,8 +26,12 @@ Status StepSampler::Apply(const StepBatch& step) {
                     static_cast<long long>(r.seq)));
     }
     std::vector<int32_t>& history = it->second.history;
-    if (r.first_position < 0 || r.n_tokens < 0 ||
-        static_cast<size_t>(r.first_position) > history.size()) {
+    if (r.first_token < 0 || r.n_tokens < 0 ||
+        static_cast<int64_t>(r.first_token) + r.n_tokens > step.n_tokens()) {
+      return Status::Error(StrFormat("step: sequence %lld's run lies outside the batch's tokens",
+                                     static_cast<long long>(r.seq)));
+    }
+    if (r.first_position < 0 || static_cast<size_t>(r.first_position) > history.size()) {
       return Status::Error(
           StrFormat("step: sequence %lld's run starts at position %d past its %zu "
                     "tokens",
@@ -64,7 +68,8 @@ void StepSampler::Logprobs(const float* row, int32_t token, int32_t k, SampledLo
 
 Status StepSampler::SampleRun(const StepRun& r, const float* rows,
                               std::vector<SampledTokens>* out) {
-  if (r.n_logits != r.n_drafts + 1 || r.n_drafts >= r.n_tokens || r.n_drafts < 0) {
+  if (r.n_logits != r.n_drafts + 1 || r.n_drafts >= r.n_tokens || r.n_drafts < 0 ||
+      (!r.draft_probs.empty() && std::ssize(r.draft_probs) != r.n_drafts)) {
     return Status::Error(StrFormat("step: sequence %lld samples %d rows for %d drafts of %d tokens",
                                    static_cast<long long>(r.seq), r.n_logits, r.n_drafts,
                                    r.n_tokens));

@@ -404,6 +404,20 @@ Status KvCacheManager::Truncate(SeqId seq, int32_t n_tokens) {
     return Status::Error(StrFormat("truncate: sequence %lld holds %d positions, not %d",
                                    (long long)seq.value, held.num_tokens, n_tokens));
   }
+  // A sliding window released the blocks before its window: a rollback may not go back to
+  // where the next position's query would read them (nor write into a released block).
+  for (const Group& group : groups_) {
+    const BlockTable& t = Table(seq, static_cast<int32_t>(&group - groups_.data()));
+    const size_t keep = std::min(t.blocks.size(), static_cast<size_t>(BlocksFor(n_tokens + 1)));
+    for (size_t i = static_cast<size_t>(group.spec.FirstKey(n_tokens) / block_size_); i < keep;
+         ++i) {
+      if (t.blocks[i] == kNullBlock) {
+        return Status::Error(
+            StrFormat("truncate: sequence %lld's window released the blocks position %d would read",
+                      (long long)seq.value, n_tokens));
+      }
+    }
+  }
   for (Group& group : groups_) {
     auto it = group.tables.find(seq);
     if (it == group.tables.end()) continue;  // empty, truncated to 0

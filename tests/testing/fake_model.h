@@ -57,6 +57,21 @@ class RunnerMirror {
       }
     }
   }
+  // Every token's slot in the batch is slot n_cached + i of its sequence's table as the deltas
+  // rebuilt it: a wrong delta (preemption, a prefix hit, a fork, a rollback) fails here.
+  void ExpectSlotsMatchTables(const StepBatch& step) const {
+    for (const StepRun& r : step.runs) {
+      const std::vector<BlockId>& t = table(r.seq);
+      for (int32_t i = 0; i < r.n_tokens; ++i) {
+        const int32_t slot = r.n_cached + i;
+        ASSERT_LT(static_cast<size_t>(slot / step.block_size), t.size());
+        EXPECT_EQ(step.slots[r.first_token + i],
+                  static_cast<int64_t>(t[slot / step.block_size].value) * step.block_size +
+                      slot % step.block_size)
+            << "sequence " << r.seq << " slot " << slot;
+      }
+    }
+  }
   const std::vector<int32_t>& tokens(int64_t seq) const { return sequences_.at(seq).tokens; }
   const std::vector<BlockId>& table(int64_t seq) const { return sequences_.at(seq).table; }
   size_t size() const { return sequences_.size(); }
