@@ -280,11 +280,25 @@ void FillLogprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k
   e->logprob = logits[token] - lse;
   k = std::min(k, n_vocab);
   if (k <= 0) return;
-  std::vector<int32_t> ids(n_vocab);
-  for (int32_t v = 0; v < n_vocab; ++v) ids[v] = v;
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+  // The k most likely, ties by id, from one pass over a heap of k whose front is the worst kept:
+  // ids come in order, so an equal logit loses the tie and only a larger one gets in. The same
+  // k as a partial sort of all n_vocab ids, without building and ordering them.
+  const auto better = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  };
+  std::vector<int32_t> ids;
+  ids.reserve(k);
+  for (int32_t v = 0; v < n_vocab; ++v) {
+    if (static_cast<int32_t>(ids.size()) < k) {
+      ids.push_back(v);
+      std::push_heap(ids.begin(), ids.end(), better);
+    } else if (logits[v] > logits[ids.front()]) {
+      std::pop_heap(ids.begin(), ids.end(), better);
+      ids.back() = v;
+      std::push_heap(ids.begin(), ids.end(), better);
+    }
+  }
+  std::sort(ids.begin(), ids.end(), better);
   for (int32_t i = 0; i < k; ++i) e->top_logprobs.push_back({ids[i], logits[ids[i]] - lse});
 }
 }  // namespace

@@ -141,7 +141,8 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   return local;
 }
 
-Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& config) {
+Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& config,
+                                                            std::function<void()> after_step) {
   auto runner = Runner(config);
   if (!runner.ok()) return runner.status();
   auto spec = MakeSpec(config, **runner);
@@ -151,7 +152,8 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
   auto tiers = Tiers(config, **runner);
   if (!tiers.ok()) return tiers.status();
   return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec),
-                                       std::move(*policy), std::move(*tiers));
+                                       std::move(*policy), std::move(*tiers),
+                                       std::move(after_step));
 }
 
 Expected<KvTiers> EngineBuilder::Tiers(const EngineConfig& config, ModelRunner& runner) {
