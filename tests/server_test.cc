@@ -314,6 +314,54 @@ TEST_F(ServerTest, StopStringsNAndLogprobs) {
                   content[0]["top_logprobs"][0]["logprob"].get<float>());
 }
 
+// A stop string cuts the text exactly before it, whatever the engine produced after it (it runs
+// a step or more before the cancel reaches it), and usage counts the tokens up to the one that
+// completed the stop: the same answer streamed and not. The reference is the same greedy run
+// without the stop, its text per token from logprobs.
+TEST_F(ServerTest, StopStringCutsExactlyAndCountsTokensToTheStop) {
+  Start();
+  const json base = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}, {"logprobs", 0}};
+  auto [s0, full] = Call("/v1/completions", base);
+  ASSERT_EQ(s0, 200) << full.dump();
+  const std::string text = full["choices"][0]["text"];
+  const json& pieces = full["choices"][0]["logprobs"]["tokens"];
+  for (const std::string stop : {"girl", "e", "ittle g"}) {
+    SCOPED_TRACE(stop);
+    const size_t at = text.find(stop);
+    ASSERT_NE(at, std::string::npos) << text;
+    // The token whose text completes the first occurrence of the stop.
+    int64_t tokens = 0;
+    std::string so_far;
+    for (const json& p : pieces) {
+      so_far += p.get<std::string>();
+      ++tokens;
+      if (so_far.find(stop) != std::string::npos) break;
+    }
+    json body = base;
+    body["stop"] = {stop};
+    auto [s1, cut] = Call("/v1/completions", body);
+    ASSERT_EQ(s1, 200) << cut.dump();
+    EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, at));
+    EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(cut["usage"]["completion_tokens"], tokens);
+    EXPECT_EQ(cut["choices"][0]["logprobs"]["tokens"].size(), static_cast<size_t>(tokens));
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    std::string streamed;
+    json usage;
+    for (const std::string& e : Stream("/v1/completions", body)) {
+      if (e == "[DONE]") continue;
+      const json chunk = json::parse(e);
+      if (!chunk["usage"].is_null()) usage = chunk["usage"];
+      for (const json& c : chunk["choices"]) streamed += c["text"].get<std::string>();
+    }
+    EXPECT_EQ(streamed, text.substr(0, at));
+    EXPECT_EQ(usage["completion_tokens"], tokens);
+  }
+}
+
 TEST_F(ServerTest, ChatPlainAndStreamedWithUsage) {
   Start();
   const json messages = {{{"role", "system"}, {"content", "Tell a story."}},

@@ -3,8 +3,10 @@
 // The kvserve CLI and server use exactly this; see examples/embed.cc.
 //
 // Thread safety: Model is immutable after Load and may be shared by engines. Engine::Submit and
-// Engine::Cancel may be called from any thread; token callbacks run on the engine's own thread,
-// in order for each request, and may call Cancel (not block for long).
+// Engine::Cancel may be called from any thread. Token callbacks run on the engine's front-end
+// thread, never on the loop that runs the model: in order for each request, one at a time, and
+// they may call Cancel (a slow callback delays other requests' callbacks, not their steps).
+// By the time ~Engine returns, every callback has run.
 #pragma once
 
 #include <cstdint>

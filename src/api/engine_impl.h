@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/token_dispatcher.h"
 #include "core/thread_pool.h"
 #include "engine/async_engine.h"
 #include "kv/kv_documents.h"
@@ -32,6 +33,8 @@ struct Engine::Impl {
   std::vector<int32_t> end_of_generation;  // the model's end-of-generation tokens, found once
   // Before the engine: it publishes into this until it is gone (with --kv-events).
   std::unique_ptr<kvs::ZmqKvEventPublisher> events;
+  // Before the engine too: the engine's callbacks queue into it until the engine is gone.
+  std::unique_ptr<TokenDispatcher> dispatcher;
   std::unique_ptr<kvs::AsyncEngine> engine;
   std::unique_ptr<kvs::KvDocuments> documents;  // with --kv-disk
   std::mutex saving_mu;

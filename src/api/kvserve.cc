@@ -1,10 +1,8 @@
-// The embedding API over the engine: model + tokenizer + thread pool, an AsyncEngine, and
-// streaming detokenization per choice.
+// The embedding API over the engine: model + tokenizer + thread pool, an AsyncEngine, and its
+// token dispatcher (streaming detokenization per choice, off the engine's loop).
 #include "kvserve/kvserve.h"
 
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <new>
 
 #include "api/engine_impl.h"
@@ -340,7 +338,9 @@ kvs::Status BuildEngine(Engine::Impl* impl, kvs::EngineConfig ec, kvs::KvFormatO
   KVS_RETURN_IF_ERROR(builder.Speculative(std::move(spec)));
   KVS_ASSIGN_OR_RETURN(impl->kv_format, builder.Format(ec.block_size, ec.n_ctx));
   KVS_RETURN_IF_ERROR(OpenKvEvents(impl, &ec));
-  KVS_ASSIGN_OR_RETURN(impl->engine, builder.Async(ec));
+  impl->dispatcher = std::make_unique<TokenDispatcher>(*model.tokenizer);
+  KVS_ASSIGN_OR_RETURN(impl->engine,
+                       builder.Async(ec, [d = impl->dispatcher.get()] { d->Flush(); }));
   if (kvs::KvTier* tier = impl->engine->disk_tier()) {
     KVS_ASSIGN_OR_RETURN(impl->documents, kvs::KvDocuments::Open(impl->options.kv_disk));
     for (const kvs::BlockHash& h : impl->documents->PinnedBlocks()) tier->store().Pin(h, true);
@@ -353,6 +353,8 @@ kvs::Status BuildEngine(Engine::Impl* impl, kvs::EngineConfig ec, kvs::KvFormatO
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (impl_ && impl_->engine) impl_->engine->Shutdown();
+  // The shutdown's cancellations are queued: their callbacks run before ~Engine returns.
+  if (impl_ && impl_->dispatcher) impl_->dispatcher->Drain();
 }
 
 std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
@@ -408,29 +410,9 @@ std::unique_ptr<Engine> Engine::Start(std::shared_ptr<const Model> model,
 uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& options,
                         TokenCallback on_token, std::string* error) {
   const Model& model = *impl_->model;
-  // One streaming detokenizer per choice, living as long as the callback.
-  auto detoks = std::make_shared<std::map<int32_t, kvs::StreamingDetokenizer>>();
-  const kvs::Tokenizer* tok = model.impl().tokenizer.get();
-  auto callback = [detoks, tok, on_token = std::move(on_token)](const kvs::TokenEvent& e) {
-    TokenEvent out;
-    out.request = static_cast<uint64_t>(e.request);
-    out.choice = e.choice;
-    out.token = e.token;
-    out.finished = e.finished;
-    if (e.finished) out.finish_reason = kvs::FinishReasonName(e.reason);
-    out.error = e.error;
-    out.logprob = e.logprob;
-    out.cached_tokens = e.cached_tokens;
-    out.disk_tokens = e.disk_tokens;
-    out.redis_tokens = e.redis_tokens;
-    for (const kvs::TokenLogprob& alt : e.top_logprobs) {
-      out.top_logprobs.push_back({alt.token, tok->TokenToPiece(alt.token, true), alt.logprob});
-    }
-    auto it = detoks->try_emplace(e.choice, *tok).first;
-    if (e.token >= 0) out.text = it->second.Push(e.token);
-    if (e.finished) out.text += it->second.Flush();
-    if (on_token) on_token(out);
-  };
+  // The engine's thread only queues the request's events; the dispatcher's thread detokenizes
+  // them and runs on_token.
+  kvs::TokenCallback callback = impl_->dispatcher->Bind(std::move(on_token));
   kvs::RequestOptions request = ToRequestOptions(options, model.impl().model->weights_digest(),
                                                  *impl_->kv_format, impl_->end_of_generation);
   auto budget =
@@ -440,7 +422,7 @@ uint64_t Engine::Submit(std::vector<int32_t> prompt, const GenerationOptions& op
     return 0;
   }
   request.kv_budget = *budget;
-  auto id = impl_->engine->Submit(std::move(prompt), std::move(request), callback);
+  auto id = impl_->engine->Submit(std::move(prompt), std::move(request), std::move(callback));
   if (!id.ok()) {
     *error = id.error();
     return 0;

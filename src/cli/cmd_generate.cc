@@ -6,7 +6,6 @@
 #include <limits>
 #include <mutex>
 #include <random>
-#include <thread>
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -117,7 +116,6 @@ int RunGenerate(GenerateArgs a) {
   int32_t peak_blocks = 0;
   std::vector<double> token_times;   // seconds since t0 of each generated token
   int64_t first_evicted_token = -1;  // tokens generated when the first eviction was seen
-  int64_t finish_step = 0;           // steps the engine had published when the last token came
   auto sample_blocks = [&] {
     const kvserve::EngineStats s = engine->stats();
     peak_blocks = std::max(peak_blocks, s.kv_blocks_total - s.kv_blocks_free);
@@ -142,7 +140,6 @@ int RunGenerate(GenerateArgs a) {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
         if (e.finished) {
-          finish_step = engine->stats().steps;
           std::lock_guard<std::mutex> lock(mu);
           finished = true;
           finish_reason = e.finish_reason;
@@ -159,15 +156,9 @@ int RunGenerate(GenerateArgs a) {
     std::unique_lock<std::mutex> lock(mu);
     done.wait(lock, [&] { return finished; });
   }
+  // The totals reported below (an eviction, a verification) include the last token's step:
+  // callbacks run after the step that produced their token has published its totals.
   const double total = Since(t0);
-  // The last token comes during a step whose totals (an eviction, a verification) the engine
-  // publishes after it: wait for them, briefly, before they are reported.
-  if (evicting || eo.spec_type != "none") {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (engine->stats().steps <= finish_step && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (finish_reason == "error") {

@@ -1,7 +1,8 @@
 // A thread in front of the Engine: Submit and Cancel may be called from any thread; one loop
 // thread owns the Engine, applies queued submissions and cancellations between steps, and runs
 // steps while there is work (sleeping on a condition variable when there is none). Token
-// callbacks run on the loop thread and must not block for long; they may call Cancel.
+// callbacks run on the loop thread, inside the step: they should only hand the event on (the
+// API queues it for its front-end thread, src/api/token_dispatcher.h); they may call Cancel.
 #pragma once
 
 #include <atomic>
@@ -42,8 +43,12 @@ class AsyncEngine {
   // spec: the drafter (and what it reads) when the engine speculates.
   // eviction_policy: as Engine's (null: made from config.eviction.policy).
   // tiers: the tiers under the prefix cache (disk, Redis; none when empty).
+  // after_step: runs on the loop thread after the commands of each pass are applied and after
+  // each step has published its totals (load()), and once more after the cancellations of the
+  // shutdown: where the API hands the token events the callbacks kept to its own thread.
   AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner> runner, SpecRuntime spec = {},
-              std::unique_ptr<EvictionPolicy> eviction_policy = nullptr, KvTiers tiers = {});
+              std::unique_ptr<EvictionPolicy> eviction_policy = nullptr, KvTiers tiers = {},
+              std::function<void()> after_step = nullptr);
   ~AsyncEngine();  // Shutdown()
 
   // Validates at once (bad input is an error here, not a callback) and queues the request.
@@ -80,8 +85,12 @@ class AsyncEngine {
     std::shared_ptr<std::promise<void>> done;
   };
   void Loop();
+  void ApplyCommands(std::deque<Command>& commands);
+  void Stop();  // the loop's end: cancels what is left, flushes the disk tier
+  void PublishLoad(const EngineStepStats& stats);
 
   std::unique_ptr<StepRunner> runner_;
+  const std::function<void()> after_step_;
   SpecRuntime spec_;
   Engine engine_;  // touched only by the loop thread (and by Submit's read-only validation)
   std::atomic<RequestId> next_id_{1};

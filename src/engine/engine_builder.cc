@@ -146,7 +146,8 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   return local;
 }
 
-Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& config) {
+Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& config,
+                                                            std::function<void()> after_step) {
   auto runner = Runner(config);
   if (!runner.ok()) return runner.status();
   auto spec = MakeSpec(config, **runner);
@@ -157,7 +158,8 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
   if (!tiers.ok()) return tiers.status();
   calibration_runs_.Clear();  // every calibration is made: its prefill goes
   return std::make_unique<AsyncEngine>(config, std::move(*runner), std::move(*spec),
-                                       std::move(*policy), std::move(*tiers));
+                                       std::move(*policy), std::move(*tiers),
+                                       std::move(after_step));
 }
 
 Expected<KvTiers> EngineBuilder::Tiers(const EngineConfig& config, ModelRunner& runner) {

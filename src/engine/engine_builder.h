@@ -48,7 +48,9 @@ class EngineBuilder {
   // The model runner over config.n_blocks blocks of config.block_size.
   Expected<std::unique_ptr<ModelRunner>> Runner(const EngineConfig& config);
   Expected<LocalEngine> Local(const EngineConfig& config);
-  Expected<std::unique_ptr<AsyncEngine>> Async(const EngineConfig& config);
+  // after_step: AsyncEngine's (the API's hand-over of a step's token events).
+  Expected<std::unique_ptr<AsyncEngine>> Async(const EngineConfig& config,
+                                               std::function<void()> after_step = nullptr);
   // One sequence of up to n_ctx positions over a private cache (perplexity, bench speed).
   Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
 

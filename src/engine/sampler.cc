@@ -39,8 +39,18 @@ int32_t ArgMax(const float* logits, int32_t n) {
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed), counts_(n_vocab, 0) {}
 
-void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> history,
-                             std::span<const int32_t> in_flight) {
+namespace {
+
+// Most likely first, ties by id: a strict total order on candidates (NaN logits aside).
+constexpr auto kByLogit = [](const auto& a, const auto& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+};
+
+}  // namespace
+
+void Sampler::CollectPenalties(const float* logits, std::span<const int32_t> history,
+                               std::span<const int32_t> in_flight) {
+  penalized_.clear();
   const bool any = params_.repeat_penalty != 1.f || params_.frequency_penalty != 0.f ||
                    params_.presence_penalty != 0.f;
   const size_t n = history.size() + in_flight.size();
@@ -61,42 +71,124 @@ void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> h
   for (std::span<const int32_t> part : parts) {
     for (int32_t t : part) {
       if (t < 0 || t >= n_vocab_ || counts[t] == 0) continue;
-      float& l = logits[t];
+      float l = logits[t];
       if (params_.repeat_penalty != 1.f)
         l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
       l -= counts[t] * params_.frequency_penalty + params_.presence_penalty;
+      penalized_.push_back({t, l});
       counts[t] = 0;  // each distinct token penalized once
     }
+  }
+  std::sort(penalized_.begin(), penalized_.end(),
+            [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+}
+
+void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> history,
+                             std::span<const int32_t> in_flight) {
+  CollectPenalties(logits.data(), history, in_flight);
+  for (const Candidate& c : penalized_) logits[c.id] = c.logit;
+}
+
+float Sampler::FirstLogit(const float* logits) const {
+  return !penalized_.empty() && penalized_[0].id == 0 ? penalized_[0].logit : logits[0];
+}
+
+template <typename Visit>
+void Sampler::ForEachLogit(const float* logits, Visit&& visit) const {
+  int32_t from = 0;
+  for (const Candidate& c : penalized_) {
+    for (int32_t i = from; i < c.id; ++i) visit(i, logits[i]);
+    visit(c.id, c.logit);
+    from = c.id + 1;
+  }
+  for (int32_t i = from; i < n_vocab_; ++i) visit(i, logits[i]);
+}
+
+void Sampler::SelectTopK(const float* logits, size_t k) {
+  // A heap whose front is the worst of the best k so far. Tokens come in id order, so one whose
+  // logit equals the front's loses the tie and only a larger logit gets in: the kept set is
+  // partial_sort's, found without copying or ordering the rest.
+  candidates_.clear();
+  float worst = 0;
+  ForEachLogit(logits, [&](int32_t id, float logit) {
+    if (candidates_.size() < k) {
+      candidates_.push_back({id, logit});
+      std::push_heap(candidates_.begin(), candidates_.end(), kByLogit);
+      worst = candidates_.front().logit;
+    } else if (logit > worst) {
+      std::pop_heap(candidates_.begin(), candidates_.end(), kByLogit);
+      candidates_.back() = {id, logit};
+      std::push_heap(candidates_.begin(), candidates_.end(), kByLogit);
+      worst = candidates_.front().logit;
+    }
+  });
+  std::sort(candidates_.begin(), candidates_.end(), kByLogit);
+}
+
+void Sampler::SelectMinP(const float* logits) {
+  // Without top-k and top-p, the cuts keep the best candidate and every one whose weight
+  // exp(logit - max) passes min-p's test; weights fall with the logits, so that is the prefix
+  // the cut finds in the sorted list. A logit far below the bar skips the exp; near it the test
+  // is the cut's own expression.
+  Candidate best{0, FirstLogit(logits)};
+  ForEachLogit(logits, [&](int32_t id, float logit) {
+    if (kByLogit(Candidate{id, logit}, best)) best = {id, logit};
+  });
+  const double max_logit = best.logit;
+  const double p0 = std::exp(best.logit - max_logit);
+  const double bar = params_.min_p * p0;
+  const double screen = std::log(bar) - 1e-6;  // NaN when bar is: then only best is kept
+  candidates_.clear();
+  candidates_.push_back(best);
+  ForEachLogit(logits, [&](int32_t id, float logit) {
+    if (id != best.id && logit - max_logit >= screen && std::exp(logit - max_logit) >= bar) {
+      candidates_.push_back({id, logit});
+    }
+  });
+  std::sort(candidates_.begin(), candidates_.end(), kByLogit);
+}
+
+void Sampler::SelectAll(const float* logits) {
+  candidates_.resize(n_vocab_);
+  ForEachLogit(logits, [&](int32_t id, float logit) { candidates_[id] = {id, logit}; });
+  std::sort(candidates_.begin(), candidates_.end(), kByLogit);
+}
+
+void Sampler::SelectCandidates(const float* logits) {
+  if (params_.top_k > 0 && params_.top_k < n_vocab_) {
+    SelectTopK(logits, static_cast<size_t>(params_.top_k));
+  } else if (params_.top_p >= 1.f && params_.min_p > 0.f) {
+    SelectMinP(logits);
+  } else {
+    // top-p sums every weight in sorted order (floating-point addition is not associative), and
+    // without any cut every token is a candidate: both need the whole sorted list.
+    SelectAll(logits);
   }
 }
 
 void Sampler::Process(const float* logits, std::span<const int32_t> history,
                       std::span<const int32_t> in_flight) {
-  work_.assign(logits, logits + n_vocab_);
-  ApplyPenalties(work_, history, in_flight);
+  CollectPenalties(logits, history, in_flight);
   if (params_.temperature <= 0.f) {
-    const int32_t best = ArgMax(work_.data(), n_vocab_);
+    // ArgMax's scan over the penalized logits: the first of the largest (a NaN at 0 stays).
+    int32_t best = 0;
+    float best_logit = FirstLogit(logits);
+    ForEachLogit(logits, [&](int32_t id, float logit) {
+      if (logit > best_logit) {
+        best_logit = logit;
+        best = id;
+      }
+    });
     candidates_.resize(1);
-    candidates_[0] = {best, work_[best]};
+    candidates_[0] = {best, best_logit};
     weights_.assign(1, 1.0);
     keep_ = 1;
     total_ = 1.0;
     return;
   }
 
-  candidates_.resize(n_vocab_);
-  for (int32_t i = 0; i < n_vocab_; ++i) candidates_[i] = {i, work_[i]};
-  auto by_logit = [](const Candidate& a, const Candidate& b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-  };
+  SelectCandidates(logits);
   size_t keep = candidates_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
-    keep = params_.top_k;
-    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
-  }
-  candidates_.resize(keep);
 
   // Probabilities at temperature 1 decide top-p and min-p, as llama.cpp's default chain does;
   // temperature then reshapes the survivors.

@@ -87,6 +87,22 @@ class Sampler {
   // weights_ (sum total_); the draw and the published distribution both read these.
   void Process(const float* logits, std::span<const int32_t> history,
                std::span<const int32_t> in_flight);
+  // The penalized logits of the tokens in the penalty window, by id, into penalized_: the
+  // few logits the penalties change, so that nothing copies all n_vocab of them.
+  void CollectPenalties(const float* logits, std::span<const int32_t> history,
+                        std::span<const int32_t> in_flight);
+  // Calls visit(id, logit) for every token in id order, penalized_'s logit in place of the raw
+  // one where there is one.
+  template <typename Visit>
+  void ForEachLogit(const float* logits, Visit&& visit) const;
+  float FirstLogit(const float* logits) const;  // token 0's, penalized
+  // candidates_ holds, sorted most likely first (ties by id), the candidates the cuts can keep:
+  // the top_k best, or those that pass min-p, or all. What each cut reads is the same as if every
+  // candidate had been sorted, so the cuts' arithmetic, in its order, is unchanged.
+  void SelectCandidates(const float* logits);
+  void SelectTopK(const float* logits, size_t k);
+  void SelectMinP(const float* logits);
+  void SelectAll(const float* logits);
   int32_t DrawProcessed();
   std::span<const TokenProb> PublishProcessed();
 
@@ -94,7 +110,7 @@ class Sampler {
   int32_t n_vocab_;
   std::mt19937_64 rng_;
   // Scratch reused across calls so that sampling does not allocate once warm.
-  std::vector<float> work_;
+  std::vector<Candidate> penalized_;  // by id
   std::vector<Candidate> candidates_;
   std::vector<double> weights_;
   std::vector<TokenProb> probs_;

@@ -1,5 +1,6 @@
 // One /v1/completions or /v1/chat/completions call in flight: collects the engine's token
-// events (on the engine thread), applies stop strings per choice, and turns them into the
+// events (on the API's token thread, kvserve::Engine's callbacks: never on the engine's loop),
+// applies stop strings per choice, records the token metrics, and turns them into the
 // response (on the HTTP thread): SSE chunks when streaming, one JSON body otherwise. The HTTP
 // side waits at most a second at a time and writes a keep-alive (an SSE comment, or whitespace
 // before the JSON) when nothing came, so a client that went away is noticed and its request
@@ -28,7 +29,9 @@ class CompletionCall {
   CompletionCall(const CompletionRequest& request, std::string id, std::string model,
                  int64_t prompt_tokens, Metrics* metrics);
 
-  // Engine side: one token event (any thread; serialised by the engine).
+  // Engine side: one token event (the API's token thread; in order, one at a time). A stop
+  // string ends the choice here, cut exactly before the stop, and cancels the request; tokens the
+  // engine produced after it are dropped and not counted.
   void OnEvent(const kvserve::TokenEvent& e);
   // Set after Submit; cancel(request) ends it in the engine.
   void Attach(uint64_t request, std::function<void(uint64_t)> cancel);
@@ -38,7 +41,7 @@ class CompletionCall {
   bool Pump(const std::function<bool(const std::string&)>& write, bool* done);
   // The client went away before the end: cancel the request if it still runs.
   void Abandon();
-  // Calls fn (on the engine's thread, or now) once the engine has sent every choice's end;
+  // Calls fn (on the API's token thread, or now) once the engine has sent every choice's end;
   // nullptr forgets it.
   void OnEngineDone(std::function<void()> fn);
 

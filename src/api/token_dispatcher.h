@@ -1,0 +1,59 @@
+// The API's side of the token streams: the engine's loop only queues plain kvs::TokenEvents
+// here (token ids and logprob numbers), handed over once per step; the dispatcher's own thread
+// turns them into kvserve::TokenEvents (streaming detokenization, the top logprobs' texts) and
+// runs each request's callback, so neither that work nor what a callback does (the server's stop
+// strings, logprob JSON and metrics) lengthens a step.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/request.h"
+#include "kvserve/kvserve.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvserve {
+
+class TokenDispatcher {
+ public:
+  explicit TokenDispatcher(const kvs::Tokenizer& tokenizer);
+  ~TokenDispatcher();  // Drain()
+
+  // The engine's callback for one request: each event is kept for on_token, which runs on the
+  // dispatcher's thread after the next Flush. Called on the engine's loop thread only.
+  kvs::TokenCallback Bind(TokenCallback on_token);
+  // Hands the events kept since the last Flush to the dispatcher's thread: on the loop thread,
+  // after each step has published its totals (so a callback sees them).
+  void Flush();
+  // Runs every callback still owed and stops the thread; the engine must have stopped (no
+  // further events or Flush).
+  void Drain();
+
+ private:
+  struct Stream {
+    TokenCallback on_token;
+    std::map<int32_t, kvs::StreamingDetokenizer> detokenizers;  // per choice, made on first use
+  };
+  struct Item {
+    std::shared_ptr<Stream> stream;
+    kvs::TokenEvent event;
+  };
+  void Loop();
+  void Deliver(Stream& stream, const kvs::TokenEvent& e) const;
+
+  const kvs::Tokenizer& tokenizer_;
+  std::vector<Item> kept_;  // the loop thread's, between flushes: no lock per token
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<Item> queue_;  // flushed, not yet delivered
+  bool idle_ = false;        // the thread waits on wake_
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvserve
