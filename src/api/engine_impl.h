@@ -33,6 +33,7 @@ struct Engine::Impl {
   // Before the engine: it publishes into this until it is gone (with --kv-events).
   std::unique_ptr<kvs::ZmqKvEventPublisher> events;
   std::unique_ptr<kvs::AsyncEngine> engine;
+  std::vector<std::string> tier_labels;         // the engine's tiers' names, in its order
   std::unique_ptr<kvs::KvDocuments> documents;  // with --kv-disk
   std::mutex saving_mu;
   std::map<std::string, std::pair<int32_t, int32_t>> saving;  // name -> (on disk, blocks)

@@ -112,21 +112,7 @@ void AsyncEngine::Loop() {
     }
     if (stopping) {
       engine_.CancelAll();
-      if (engine_.disk_tier()) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const int64_t offered = engine_.FlushTier(/*wait=*/true);
-        const KvTierStats s = engine_.disk_tier()->stats();
-        KVS_LOG_INFO(
-            "kv disk: flushed %lld blocks in %.0f ms; %lld blocks written this run, %.1f MiB "
-            "of KV in %.1f MiB of files (%s, ratio %.2f), %lld loaded",
-            static_cast<long long>(offered),
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count(),
-            static_cast<long long>(s.blocks_written), s.payload_bytes_written / 1048576.0,
-            s.bytes_written / 1048576.0, BlockCodecName(engine_.disk_tier()->config().codec),
-            s.bytes_written > 0 ? double(s.payload_bytes_written) / double(s.bytes_written) : 1.0,
-            static_cast<long long>(s.hits));
-      }
+      if (!engine_.tiers().empty()) FlushTiers();
       return;
     }
     EngineStepStats stats;
@@ -149,6 +135,23 @@ void AsyncEngine::Loop() {
       load_.compactions = stats.compactions;
       load_.blocks_freed_by_compaction = stats.blocks_freed_by_compaction;
     }
+  }
+}
+
+void AsyncEngine::FlushTiers() {
+  for (const auto& tier : engine_.tiers()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t offered = tier->Flush(engine_.kv(), /*wait=*/true);
+    const KvTierStats s = tier->stats();
+    KVS_LOG_INFO(
+        "kv %.*s: flushed %lld blocks in %.0f ms; %lld blocks written this run, %.1f MiB "
+        "of KV in %.1f MiB of files (%s, ratio %.2f), %lld loaded",
+        static_cast<int>(tier->name().size()), tier->name().data(), static_cast<long long>(offered),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+        static_cast<long long>(s.blocks_written), s.payload_bytes_written / 1048576.0,
+        s.bytes_written / 1048576.0, BlockCodecName(tier->config().codec),
+        s.bytes_written > 0 ? double(s.payload_bytes_written) / double(s.bytes_written) : 1.0,
+        static_cast<long long>(s.hits));
   }
 }
 
