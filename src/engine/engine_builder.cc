@@ -1,14 +1,8 @@
 #include "engine/engine_builder.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
 #include <utility>
-
-#include <sys/statvfs.h>
-#include <unistd.h>
 
 #include "core/log.h"
 #include "engine/key_offsets.h"
