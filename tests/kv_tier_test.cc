@@ -124,6 +124,39 @@ void WriteAll(const std::string& path, const std::vector<uint8_t>& bytes) {
 // Every way a stored block can be wrong, applied to the first block of the first prompt: the
 // next engine must not load it (nor, the chain broken, the blocks after it), must count it as
 // corrupt, remove it, and give the cold run's tokens.
+// The tiers are a list of kinds, asked in the table's order; a disk tier alone is the first of the
+// engine's list, labelled by its store, and its loads count at its place in a token's event.
+TEST(KvTier, TheDiskTierIsAnEntryOfTheListUnderItsLabel) {
+  EXPECT_EQ(TierNames(), (std::vector<std::string>{"disk", "redis"}));
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const KvTypes f16{KvType::kF16, KvType::kF16};
+  const auto prompts = Prompts(*model);
+  TempDir dir;
+  {
+    TierEngine first(*model, f16, dir.path());
+    ASSERT_TRUE(first.ok());
+    first.Serve(prompts);
+    first.engine().FlushTier(/*wait=*/true);
+  }
+  TierEngine e(*model, f16, dir.path());
+  ASSERT_TRUE(e.ok());
+  ASSERT_EQ(e.engine().tiers().size(), 1u);
+  const KvTier& disk = *e.engine().tiers()[0];
+  EXPECT_EQ(disk.name(), "disk");
+  EXPECT_EQ(disk.index(), 0);
+  EXPECT_EQ(e.engine().tier("disk"), &disk);
+  EXPECT_EQ(e.engine().tier("redis"), nullptr);
+  const Served run = e.Serve(prompts);  // reads tier_tokens[0]
+  EXPECT_EQ(run.disk_tokens, (std::vector<int32_t>{64, 64, 64}));
+  // A local store knows its size: the figures a shared one leaves at -1.
+  EXPECT_TRUE(run.tier.up);
+  EXPECT_EQ(run.tier.blocks_stored, 12);
+  EXPECT_GT(run.tier.usage_bytes, 0);
+  EXPECT_GT(run.tier.capacity_bytes, run.tier.usage_bytes);
+  EXPECT_EQ(run.tier.errors, 0);
+}
+
 TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
   auto model = testing::LoadTestModel(kModel);
   if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
@@ -345,6 +378,7 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     e.engine().FlushTier(true);
     EXPECT_EQ(run.tokens, cold);
     EXPECT_TRUE(e.engine().tier("disk")->stats().failed);
+    EXPECT_FALSE(e.engine().tier("disk")->stats().up);  // kvserve:kv_tier_up{tier="disk"} 0
     EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);
   }
   {
