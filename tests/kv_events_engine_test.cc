@@ -128,7 +128,7 @@ TEST(KvEvents, EveryIndexChangeIsPublishedOnceInOrderWithThePrefixCachesHashes) 
   EXPECT_TRUE(index.blocks().empty());
   engine.FlushTier(/*wait=*/true);
   serve(0, 60);  // from disk: its blocks enter the index by a load
-  EXPECT_GT(engine.disk_tier()->stats().hits, 0);
+  EXPECT_GT(engine.tier("disk")->stats().hits, 0);
 
   // Every prompt block's event carried the prompt's tokens and its chain parent.
   int checked = 0;

@@ -77,7 +77,7 @@ TEST_P(TierIdentity, BlocksFromDiskGiveTheComputedTokens) {
     const Served run = first.Serve(prompts);
     EXPECT_EQ(run.tokens, cold);
     first.engine().FlushTier(/*wait=*/true);
-    EXPECT_EQ(first.engine().disk_tier()->stats().blocks_written,
+    EXPECT_EQ(first.engine().tier("disk")->stats().blocks_written,
               3 * 4);  // the prompts' full blocks
   }
   // A restart: the next engine finds every prompt's blocks on disk, loads them, and computes
@@ -124,6 +124,39 @@ void WriteAll(const std::string& path, const std::vector<uint8_t>& bytes) {
 // Every way a stored block can be wrong, applied to the first block of the first prompt: the
 // next engine must not load it (nor, the chain broken, the blocks after it), must count it as
 // corrupt, remove it, and give the cold run's tokens.
+// The tiers are a list of kinds, asked in the table's order; a disk tier alone is the first of the
+// engine's list, labelled by its store, and its loads count at its place in a token's event.
+TEST(KvTier, TheDiskTierIsAnEntryOfTheListUnderItsLabel) {
+  EXPECT_EQ(TierNames(), (std::vector<std::string>{"disk", "redis"}));
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  const KvTypes f16{KvType::kF16, KvType::kF16};
+  const auto prompts = Prompts(*model);
+  TempDir dir;
+  {
+    TierEngine first(*model, f16, dir.path());
+    ASSERT_TRUE(first.ok());
+    first.Serve(prompts);
+    first.engine().FlushTier(/*wait=*/true);
+  }
+  TierEngine e(*model, f16, dir.path());
+  ASSERT_TRUE(e.ok());
+  ASSERT_EQ(e.engine().tiers().size(), 1u);
+  const KvTier& disk = *e.engine().tiers()[0];
+  EXPECT_EQ(disk.name(), "disk");
+  EXPECT_EQ(disk.index(), 0);
+  EXPECT_EQ(e.engine().tier("disk"), &disk);
+  EXPECT_EQ(e.engine().tier("redis"), nullptr);
+  const Served run = e.Serve(prompts);  // reads tier_tokens[0]
+  EXPECT_EQ(run.disk_tokens, (std::vector<int32_t>{64, 64, 64}));
+  // A local store knows its size: the figures a shared one leaves at -1.
+  EXPECT_TRUE(run.tier.up);
+  EXPECT_EQ(run.tier.blocks_stored, 12);
+  EXPECT_GT(run.tier.usage_bytes, 0);
+  EXPECT_GT(run.tier.capacity_bytes, run.tier.usage_bytes);
+  EXPECT_EQ(run.tier.errors, 0);
+}
+
 TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
   auto model = testing::LoadTestModel(kModel);
   if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
@@ -315,9 +348,9 @@ TEST(KvTier, ANameHeldByADirectoryCostsThatBlockOnly) {
       const Served run = e.Serve(prompts);
       EXPECT_EQ(run.tokens, cold);
       e.engine().ResetPrefixCache();
-      e.engine().disk_tier()->WaitForWrites(10000);
+      e.engine().tier("disk")->WaitForWrites(10000);
     }
-    const KvTierStats s = e.engine().disk_tier()->stats();
+    const KvTierStats s = e.engine().tier("disk")->stats();
     EXPECT_FALSE(s.failed);
     EXPECT_EQ(s.corrupt, 1);
     EXPECT_EQ(s.hits, 0);  // the chain's first block: nothing after it loads either
@@ -344,8 +377,9 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     const Served run = e.Serve(prompts);
     e.engine().FlushTier(true);
     EXPECT_EQ(run.tokens, cold);
-    EXPECT_TRUE(e.engine().disk_tier()->stats().failed);
-    EXPECT_EQ(e.engine().disk_tier()->stats().blocks_written, 0);
+    EXPECT_TRUE(e.engine().tier("disk")->stats().failed);
+    EXPECT_FALSE(e.engine().tier("disk")->stats().up);  // kvserve:kv_tier_up{tier="disk"} 0
+    EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);
   }
   {
     // Root may write anywhere chmod forbids; /proc/self is a directory nobody may create files in.
@@ -362,7 +396,7 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     const Served run = e.Serve(prompts);
     e.engine().FlushTier(true);
     EXPECT_EQ(run.tokens, cold);
-    EXPECT_TRUE(e.engine().disk_tier()->stats().failed);
+    EXPECT_TRUE(e.engine().tier("disk")->stats().failed);
   }
   {
     SCOPED_TRACE("full disk");
@@ -378,8 +412,8 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     e.engine().FlushTier(true);
     ::setrlimit(RLIMIT_FSIZE, &old);
     EXPECT_EQ(run.tokens, cold);
-    EXPECT_TRUE(e.engine().disk_tier()->stats().failed);
-    EXPECT_EQ(e.engine().disk_tier()->stats().blocks_written, 0);
+    EXPECT_TRUE(e.engine().tier("disk")->stats().failed);
+    EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);
   }
 }
 
@@ -401,26 +435,26 @@ TEST(KvTier, BlocksThatLeftRamComeBackFromDisk) {
     TierEngine e(*model, f16, dir.path(), 13, tier);
     ASSERT_TRUE(e.ok());
     Served run = e.Serve({prompts[0]});
-    const int64_t written_after_one = e.engine().disk_tier()->stats().blocks_written;
+    const int64_t written_after_one = e.engine().tier("disk")->stats().blocks_written;
     if (policy == KvDiskPolicy::kWriteBack) {
-      e.engine().disk_tier()->WaitForWrites(10000);
-      EXPECT_EQ(e.engine().disk_tier()->stats().blocks_written, 0);  // all of it still in RAM
+      e.engine().tier("disk")->WaitForWrites(10000);
+      EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);  // all of it still in RAM
     } else {
-      e.engine().disk_tier()->WaitForWrites(10000);
-      EXPECT_EQ(e.engine().disk_tier()->stats().blocks_written, 4);
+      e.engine().tier("disk")->WaitForWrites(10000);
+      EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 4);
     }
     (void)written_after_one;
     // Three other prompts push the first out of the pool; then it comes back from disk.
     run = e.Serve({prompts[1], prompts[2], prompts[3]});
     EXPECT_EQ(run.tokens, std::vector<std::vector<int32_t>>(cold.begin() + 1, cold.end()));
-    e.engine().disk_tier()->WaitForWrites(10000);
+    e.engine().tier("disk")->WaitForWrites(10000);
     run = e.Serve({prompts[0]});
     EXPECT_EQ(run.tokens[0], cold[0]);
     EXPECT_EQ(run.disk_tokens[0], 64);
     // A reset of the prefix cache drops RAM's copy; the disk's serves it again.
     e.engine().ResetPrefixCache();
-    e.engine().disk_tier()->WaitForWrites(10000);
-    const int64_t hits = e.engine().disk_tier()->stats().hits;
+    e.engine().tier("disk")->WaitForWrites(10000);
+    const int64_t hits = e.engine().tier("disk")->stats().hits;
     run = e.Serve({prompts[0]});
     EXPECT_EQ(run.tokens[0], cold[0]);
     EXPECT_EQ(run.tier.hits, hits + 4);
@@ -439,7 +473,7 @@ TEST(KvTier, APromptThatWaitsForRoomIsLoadedOnceRoomFreesUp) {
   ASSERT_TRUE(e.ok());
   e.Serve({prompts[0]});
   e.Serve({prompts[1], prompts[2], prompts[3]});  // prompt 0 leaves RAM; its 4 blocks stay on disk
-  e.engine().disk_tier()->WaitForWrites(10000);
+  e.engine().tier("disk")->WaitForWrites(10000);
   // A long answer takes every block of the pool ...
   RequestOptions long_answer;
   long_answer.max_tokens = 120;  // 70 + 120 tokens: all 12 blocks
@@ -463,7 +497,7 @@ TEST(KvTier, APromptThatWaitsForRoomIsLoadedOnceRoomFreesUp) {
                   .Submit(prompts[0], o,
                           [&](const TokenEvent& ev) {
                             if (ev.token >= 0) out.push_back(ev.token);
-                            if (disk < 0) disk = ev.disk_tokens;
+                            if (disk < 0) disk = ev.tier_tokens[0];  // the only tier
                           })
                   .ok());
   for (int i = 0; i < 10000 && e.engine().HasWork(); ++i) ASSERT_TRUE(e.engine().Step().ok());

@@ -19,6 +19,7 @@
 #include "kv/block_file.h"
 #include "kv/redis_block_store.h"
 #include "testing/redis_server.h"
+#include "testing/temp_dir.h"
 #include "testing/test_models.h"
 
 namespace kvs {
@@ -453,8 +454,10 @@ struct Served {
 
 class Replica {
  public:
-  // transform_bits > 0: blocks transform-coded (--kv-redis-codec tc:BITS).
-  Replica(const Model& model, const std::string& url, double transform_bits = 0)
+  // transform_bits > 0: blocks transform-coded (--kv-redis-codec tc:BITS). disk_dir: a disk
+  // tier too (asked before Redis).
+  Replica(const Model& model, const std::string& url, double transform_bits = 0,
+          const std::string& disk_dir = "")
       : pool_(2), builder_(model, nullptr, pool_, KvFormatWithTypes({KvType::kF16, KvType::kF16})) {
     EngineConfig cfg;
     cfg.n_ctx = 256;
@@ -465,6 +468,7 @@ class Replica {
     cfg.verify_each_step = true;
     cfg.kv_redis.url = url;
     cfg.kv_redis.timeout_ms = 300;
+    cfg.kv_disk.dir = disk_dir;
     if (transform_bits > 0) {
       TransformCodecOptions tc;
       tc.bits = transform_bits;
@@ -485,7 +489,7 @@ class Replica {
       int32_t redis = -1;
       auto id = engine().Submit(prompt, o, [&](const TokenEvent& e) {
         if (e.token >= 0) out.push_back(e.token);
-        if (redis < 0) redis = e.redis_tokens;
+        if (redis < 0) redis = e.tier_tokens[engine().tier("redis")->index()];
       });
       EXPECT_TRUE(id.ok()) << id.error();
       for (int i = 0; i < 100000 && engine().HasWork(); ++i) EXPECT_TRUE(engine().Step().ok());
@@ -494,7 +498,7 @@ class Replica {
     }
     return run;
   }
-  KvTierStats stats() { return engine().redis_tier()->stats(); }
+  KvTierStats stats() { return engine().tier("redis")->stats(); }
 
  private:
   ThreadPool pool_;
@@ -523,6 +527,53 @@ TEST(RedisTier, AReplicaLoadsWhatAnotherComputedAndFindsTheSameTokens) {
   EXPECT_EQ(shared.redis_tokens, (std::vector<int32_t>{64, 64, 64}));
   EXPECT_EQ(b.stats().hits, 12);
   EXPECT_EQ(b.stats().corrupt, 0);
+}
+
+// Tiers are a list, asked in order (disk, then Redis), each labelled by its store: a request's
+// tier_tokens follow the engine's list, and each tier reports what it knows (Redis, shared by
+// replicas, neither its size nor its block count).
+TEST(RedisTier, TiersAreAskedInOrderAndCountedUnderTheirOwnLabels) {
+  auto model = testing::LoadTestModel(kModel);
+  if (!model) GTEST_SKIP() << kModel << " not found (set KVSERVE_TEST_MODELS)";
+  RedisServer server;
+  REQUIRE_REDIS(server);
+  const auto prompts = Prompts(*model);
+  testing::TempDir disk_a, disk_b;
+  Replica a(*model, server.url(), 0, disk_a.path());
+  ASSERT_EQ(a.engine().tiers().size(), 2u);
+  EXPECT_EQ(a.engine().tiers()[0]->name(), "disk");
+  EXPECT_EQ(a.engine().tiers()[1]->name(), "redis");
+  EXPECT_EQ(a.engine().tier("redis")->index(), 1);
+  a.Serve(prompts);
+  a.engine().FlushTier(/*wait=*/true);
+  // B's disk is empty: the disk misses and Redis loads, under its own index.
+  Replica b(*model, server.url(), 0, disk_b.path());
+  std::vector<std::vector<int32_t>> loaded;  // per prompt: [disk, redis] tokens
+  for (const auto& prompt : prompts) {
+    RequestOptions o;
+    o.max_tokens = 8;
+    o.sampling.temperature = 0;
+    std::vector<int32_t> first;
+    ASSERT_TRUE(b.engine()
+                    .Submit(prompt, o,
+                            [&](const TokenEvent& e) {
+                              if (first.empty()) first = {e.tier_tokens[0], e.tier_tokens[1]};
+                            })
+                    .ok());
+    for (int i = 0; i < 100000 && b.engine().HasWork(); ++i) ASSERT_TRUE(b.engine().Step().ok());
+    loaded.push_back(first);
+  }
+  EXPECT_EQ(loaded, (std::vector<std::vector<int32_t>>(3, {0, 64})));
+  const KvTierStats disk = b.engine().tier("disk")->stats();
+  const KvTierStats redis = b.engine().tier("redis")->stats();
+  EXPECT_EQ(disk.hits, 0);
+  EXPECT_EQ(disk.misses, 12);
+  EXPECT_EQ(redis.hits, 12);
+  EXPECT_GT(disk.capacity_bytes, 0);
+  EXPECT_EQ(redis.usage_bytes, -1);
+  EXPECT_EQ(redis.blocks_stored, -1);
+  EXPECT_TRUE(redis.up);
+  EXPECT_EQ(redis.errors, 0);
 }
 
 // --kv-redis-codec tc:2: replicas share transform-coded blocks (8x smaller than f16 here), every

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "server/openai_server.h"
+#include "testing/temp_dir.h"
 #include "testing/test_models.h"
 
 namespace kvs::server {
@@ -194,6 +195,55 @@ TEST_F(ServerTest, PrefixCacheReportsCachedTokensAndRespectsSalt) {
   EXPECT_EQ(third["choices"][0]["text"], first["choices"][0]["text"]);
   EXPECT_EQ(Metric("prefix_cache_queries_total"), 120);
   EXPECT_EQ(Metric("prefix_cache_hits_total"), 32);
+}
+
+// Tiers are data: blocks a tier loaded show in usage under its name (disk_tokens; redis_tokens 0,
+// as every tier the build has is named), in /metrics under kv_tier_*{tier="disk"} and the names
+// from before the label (kv_disk_*), and in /v1/kv/state's counters and tiers.
+TEST_F(ServerTest, TierLoadsShowUnderTheTierLabel) {
+  testing::TempDir dir;
+  ServerOptions options;
+  options.engine.kv_disk = dir.path();
+  Start(options);
+  std::vector<int32_t> prompt = {1};
+  for (int32_t i = 1; i < 40; ++i) prompt.push_back(10 + i * 7 % 400);
+  const json body = {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}};
+  auto [s0, cold] = Call("/v1/completions", body);
+  ASSERT_EQ(s0, 200) << cold.dump();
+  EXPECT_EQ(cold["usage"]["prompt_tokens_details"],
+            json({{"cached_tokens", 0}, {"disk_tokens", 0}, {"redis_tokens", 0}}));
+  // The reset waits for the tier's writes, then drops the RAM copies: the blocks come from disk.
+  auto reset = Post("/reset_prefix_cache", json::object());
+  ASSERT_TRUE(reset);
+  ASSERT_EQ(reset->status, 200) << reset->body;
+  auto [s1, warm] = Call("/v1/completions", body);
+  ASSERT_EQ(s1, 200) << warm.dump();
+  EXPECT_EQ(warm["usage"]["prompt_tokens_details"],
+            json({{"cached_tokens", 32}, {"disk_tokens", 32}, {"redis_tokens", 0}}));
+  EXPECT_EQ(warm["choices"][0]["text"], cold["choices"][0]["text"]);
+
+  auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* line :
+       {"# TYPE kvserve:kv_tier_hits_total counter\n",
+        "kvserve:kv_tier_hits_total{tier=\"disk\"} 2\n", "kvserve:kv_tier_up{tier=\"disk\"} 1\n",
+        "kvserve:kv_disk_hits_total 2\n", "kvserve:kv_disk_up 1\n",
+        "kvserve:kv_tier_blocks_written_total{tier=\"disk\"} 2\n"}) {
+    EXPECT_NE(metrics->body.find(line), std::string::npos) << line;
+  }
+  EXPECT_EQ(metrics->body.find("tier=\"redis\""), std::string::npos);  // not on
+  EXPECT_EQ(Metric("kv_disk_misses_total"), 2);  // the cold run looked for both
+  EXPECT_GT(Metric("kv_disk_capacity_bytes"), 0);
+
+  auto state = client_->Get("/v1/kv/state");
+  ASSERT_TRUE(state);
+  const json st = json::parse(state->body);
+  EXPECT_EQ(st["counters"]["kv_disk_hits_total"], 2);
+  EXPECT_EQ(st["counters"]["kv_redis_hits_total"], 0);
+  ASSERT_EQ(st["tiers"].size(), 1u) << st["tiers"].dump();
+  EXPECT_EQ(st["tiers"][0]["tier"], "disk");
+  EXPECT_EQ(st["tiers"][0]["hits_total"], 2);
+  EXPECT_EQ(st["tiers"][0]["up"], true);
 }
 
 TEST_F(ServerTest, KvLookupCountsTheLeadingBlocksHeldPerSalt) {

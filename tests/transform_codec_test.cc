@@ -212,7 +212,7 @@ TEST_P(TransformCodecEveryType, DiskRestartGivesTheInMemoryRoundTripTokens) {
     ASSERT_TRUE(first.ok());
     first.Serve(prompts);
     first.engine().FlushTier(/*wait=*/true);
-    const KvTierStats s = first.engine().disk_tier()->stats();
+    const KvTierStats s = first.engine().tier("disk")->stats();
     EXPECT_EQ(s.blocks_written, 2 * 4);
     // The payload is coded (f16-equivalent 2 bits per element: 8x smaller than f16), and the
     // files are smaller than the pool's bytes of the blocks.

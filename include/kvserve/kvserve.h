@@ -175,10 +175,40 @@ struct TokenEvent {
   };
   std::vector<Alternative> top_logprobs;
   int32_t cached_tokens = 0;  // prompt tokens of this request served from the prefix cache
-  int32_t disk_tokens = 0;    // of those, loaded from the disk tier (--kv-disk) for it
-  int32_t redis_tokens = 0;   // of those, loaded from the Redis tier (--kv-redis) for it
+  // Of those, the ones a tier under the cache loaded for it: one entry per tier that loaded
+  // any, in the order the tiers are asked (TierNames()).
+  struct TierTokens {
+    std::string tier;  // "disk", "redis"
+    int32_t tokens = 0;
+  };
+  std::vector<TierTokens> tier_tokens;
+  int32_t TokensFrom(std::string_view tier) const;  // 0 when that tier loaded none
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
+
+// The names of the tiers this build can put under the prefix cache ("disk", "redis"), in the
+// order an engine asks them: a tier's label in metrics, stats and usage (`<name>_tokens`).
+std::vector<std::string> TierNames();
+
+// One tier's totals, in blocks and bytes (GET /metrics labels them tier="<name>").
+struct TierStats {
+  std::string name;     // "disk" (--kv-disk), "redis" (--kv-redis)
+  bool up = false;      // it writes, and (a remote store) answered the last attempt to reach it
+  int64_t hits = 0;     // blocks loaded from it
+  int64_t misses = 0;   // blocks past the RAM prefix cache (and the tiers before it) it lacked
+  int64_t corrupt = 0;  // stored blocks that failed a check (never loaded; removed)
+  int64_t bytes_read = 0;
+  double read_seconds = 0;  // the loader's busy time: bytes_read / it is its read rate
+  int64_t bytes_written = 0;
+  int64_t payload_bytes_written = 0;  // the KV bytes in them (the codec's ratio)
+  int64_t blocks_written = 0;
+  int64_t dropped = 0;  // blocks not written (write queue full, the write failed, or it is off)
+  int64_t errors = 0;   // failed commands or connections (a local store: refused writes)
+  // -1 where the tier does not know (a shared remote store).
+  int64_t usage_bytes = -1;
+  int64_t capacity_bytes = -1;
+  int64_t blocks = -1;
+};
 
 struct EngineStats {
   int32_t running = 0;
@@ -199,32 +229,10 @@ struct EngineStats {
   int64_t evicted_tokens = 0;              // positions dropped
   int64_t compactions = 0;                 // evictions that dropped any
   int64_t blocks_freed_by_compaction = 0;  // whole blocks they returned to the pool
-  // Disk tier (--kv-disk), totals in blocks and bytes.
-  bool kv_disk = false;         // a tier is configured
-  bool kv_disk_failed = false;  // it turned itself off (full, read-only or vanished directory)
-  int64_t kv_disk_hits = 0;     // blocks loaded from disk
-  int64_t kv_disk_misses = 0;   // blocks past the RAM prefix cache that the disk lacked too
-  int64_t kv_disk_corrupt = 0;  // stored blocks that failed a check (never loaded; removed)
-  int64_t kv_disk_bytes_read = 0;
-  double kv_disk_read_seconds = 0;  // the loader's busy time: bytes_read / it is its read rate
-  int64_t kv_disk_bytes_written = 0;
-  int64_t kv_disk_payload_bytes_written = 0;  // the KV bytes in them (the codec's ratio)
-  int64_t kv_disk_dropped = 0;  // blocks not written (write queue full, or the tier off)
-  int64_t kv_disk_usage_bytes = 0;
-  int64_t kv_disk_capacity_bytes = 0;
-  int64_t kv_disk_blocks = 0;
-  // Redis tier (--kv-redis), totals in blocks and bytes.
-  bool kv_redis = false;         // a tier is configured
-  bool kv_redis_up = false;      // the last attempt to reach Redis succeeded
-  int64_t kv_redis_errors = 0;   // commands or connections that failed or timed out
-  int64_t kv_redis_hits = 0;     // blocks loaded from Redis
-  int64_t kv_redis_misses = 0;   // blocks past RAM and disk that Redis lacked (or was down)
-  int64_t kv_redis_corrupt = 0;  // values that failed a check (never loaded; deleted)
-  int64_t kv_redis_bytes_read = 0;
-  double kv_redis_read_seconds = 0;  // the loader's busy time (asking, checking, copying)
-  int64_t kv_redis_bytes_written = 0;
-  int64_t kv_redis_blocks_written = 0;
-  int64_t kv_redis_dropped = 0;  // blocks not written (queue full, or Redis down)
+  // The tiers under the prefix cache, in the order they are asked (a configured tier that is
+  // off from the start is listed, down). tier(name): the one labelled name, or null.
+  std::vector<TierStats> tiers;
+  const TierStats* tier(std::string_view name) const;
 };
 
 // What GET /v1/kv/lookup answers: the prompt's full blocks, and how many leading ones are held.

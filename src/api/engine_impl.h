@@ -33,6 +33,9 @@ struct Engine::Impl {
   std::vector<int32_t> end_of_generation;  // the model's end-of-generation tokens, found once
   // Before the engine: it publishes into this until it is gone (with --kv-events).
   std::unique_ptr<kvs::ZmqKvEventPublisher> events;
+  // The engine's tiers' names, in its order: before the dispatcher, which reads them until it
+  // is gone.
+  std::vector<std::string> tier_labels;
   // Before the engine too: the engine's callbacks queue into it until the engine is gone.
   std::unique_ptr<TokenDispatcher> dispatcher;
   std::unique_ptr<kvs::AsyncEngine> engine;

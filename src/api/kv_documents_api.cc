@@ -37,7 +37,7 @@ std::string NoDocumentsReason(const Engine::Impl& impl) {
 // The refusals before a document is marked or prefilled: no disk tier, a bad name, too few
 // tokens for one whole block.
 kvs::Status CheckSavable(const Engine::Impl& impl, const std::string& name, size_t n_tokens) {
-  if (impl.engine->disk_tier() == nullptr || !impl.documents) {
+  if (impl.engine->tier("disk") == nullptr || !impl.documents) {
     return kvs::Status::Error(NoDocumentsReason(impl));
   }
   KVS_RETURN_IF_ERROR(kvs::ValidateDocumentName(name));
@@ -154,11 +154,13 @@ kvs::KvDocument NewDocument(const Engine::Impl& impl, const std::string& name, s
 int32_t Engine::ResetPrefixCache() {
   int32_t dropped = 0;
   try {
-    // With a disk tier, what RAM drops is on disk first: offers (write-back) on the loop thread,
-    // the wait for the writer here (decodes go on meanwhile), then the drop.
-    if (kvs::KvTier* tier = impl_->engine->disk_tier()) {
+    // With tiers, what RAM drops is in them first: offers (write-back) on the loop thread, the
+    // wait for each tier's writer here (decodes go on meanwhile), then the drop.
+    if (!impl_->engine->tiers().empty()) {
       impl_->engine->RunOnLoop([](kvs::Engine& e) { e.FlushTier(/*wait=*/false); }).get();
-      tier->WaitForWrites(tier->config().flush_timeout_ms);
+      for (const auto& tier : impl_->engine->tiers()) {
+        tier->WaitForWrites(tier->config().flush_timeout_ms);
+      }
     }
     impl_->engine->RunOnLoop([&dropped](kvs::Engine& e) { dropped = e.ResetPrefixCache(); }).get();
   } catch (const std::future_error&) {
@@ -174,7 +176,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
     *error = st.message();
     return false;
   }
-  kvs::KvTier* tier = impl_->engine->disk_tier();
+  kvs::KvTier* tier = impl_->engine->tier("disk");
   const int64_t write_errors_before = tier->stats().write_errors;
   const SavingMark mark(impl_.get(), name);
   if (!mark.taken()) {
@@ -212,7 +214,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
   }
   // The offer of the blocks to the writer (write-back) is the loop thread's.
   auto offered =
-      impl_->engine->RunOnLoop([&](kvs::Engine& e) { e.disk_tier()->Persist(e.kv(), hashes); });
+      impl_->engine->RunOnLoop([&](kvs::Engine& e) { e.tier("disk")->Persist(e.kv(), hashes); });
   if (auto st = WaitForLoop(std::move(offered)); !st.ok()) {
     *error = st.message();
     return false;
@@ -237,7 +239,7 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
 
 std::vector<KvDocumentInfo> Engine::ListKvDocuments() const {
   std::vector<KvDocumentInfo> out;
-  const kvs::KvTier* tier = impl_->engine->disk_tier();
+  const kvs::KvTier* tier = impl_->engine->tier("disk");
   if (tier == nullptr || !impl_->documents) return out;
   for (const kvs::KvDocument& doc : impl_->documents->List()) {
     out.push_back(ToInfo(doc, tier->store(), impl_->model->weights_digest()));
@@ -270,7 +272,7 @@ bool Engine::GetKvDocument(const std::string& name, KvDocumentInfo* out, std::st
 }
 
 bool Engine::RemoveKvDocument(const std::string& name, std::string* error) {
-  kvs::KvTier* tier = impl_->engine->disk_tier();
+  kvs::KvTier* tier = impl_->engine->tier("disk");
   if (tier == nullptr || !impl_->documents) {
     *error = NoDocumentsReason(*impl_);
     return false;

@@ -26,7 +26,7 @@ bool Engine::LookupKvPrefix(const std::vector<int32_t>& tokens, const std::strin
                  e.kv().CachedBlock(hashes[in_ram])) {
             ++in_ram;
           }
-          if (const kvs::KvTier* tier = e.disk_tier()) {
+          if (const kvs::KvTier* tier = e.tier("disk")) {
             while (in_ram + on_disk < static_cast<int32_t>(hashes.size()) &&
                    tier->store().Contains(hashes[in_ram + on_disk])) {
               ++on_disk;

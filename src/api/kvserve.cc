@@ -12,7 +12,6 @@
 #include "engine/engine.h"
 #include "engine/engine_builder.h"
 #include "kernels/cpu_isa.h"
-#include "kv/redis_block_store.h"
 #include "model/compressed_view.h"
 #include "tokenizer/tokenizer.h"
 
@@ -338,14 +337,56 @@ kvs::Status BuildEngine(Engine::Impl* impl, kvs::EngineConfig ec, kvs::KvFormatO
   KVS_RETURN_IF_ERROR(builder.Speculative(std::move(spec)));
   KVS_ASSIGN_OR_RETURN(impl->kv_format, builder.Format(ec.block_size, ec.n_ctx));
   KVS_RETURN_IF_ERROR(OpenKvEvents(impl, &ec));
-  impl->dispatcher = std::make_unique<TokenDispatcher>(*model.tokenizer);
+  impl->dispatcher = std::make_unique<TokenDispatcher>(*model.tokenizer, &impl->tier_labels);
   KVS_ASSIGN_OR_RETURN(impl->engine,
                        builder.Async(ec, [d = impl->dispatcher.get()] { d->Flush(); }));
-  if (kvs::KvTier* tier = impl->engine->disk_tier()) {
+  // Before any request (so before any event reads them): the tiers' labels, in list order.
+  for (const auto& tier : impl->engine->tiers()) impl->tier_labels.emplace_back(tier->name());
+  if (kvs::KvTier* tier = impl->engine->tier("disk")) {
     KVS_ASSIGN_OR_RETURN(impl->documents, kvs::KvDocuments::Open(impl->options.kv_disk));
     for (const kvs::BlockHash& h : impl->documents->PinnedBlocks()) tier->store().Pin(h, true);
   }
   return kvs::Status::Ok();
+}
+
+// One tier's totals for EngineStats (a remote store's dropped blocks include its failed writes:
+// either way the block is not there).
+TierStats ToTierStats(const kvs::KvTier& tier) {
+  const kvs::KvTierStats t = tier.stats();
+  TierStats out;
+  out.name = std::string(tier.name());
+  out.up = t.up;
+  out.hits = t.hits;
+  out.misses = t.misses;
+  out.corrupt = t.corrupt;
+  out.bytes_read = t.bytes_read;
+  out.read_seconds = t.load_seconds;
+  out.bytes_written = t.bytes_written;
+  out.payload_bytes_written = t.payload_bytes_written;
+  out.blocks_written = t.blocks_written;
+  out.dropped = t.dropped + t.write_errors;
+  out.errors = t.errors;
+  out.usage_bytes = t.usage_bytes;
+  out.capacity_bytes = t.capacity_bytes;
+  out.blocks = t.blocks_stored;
+  return out;
+}
+
+// Every configured tier in lookup order; one that is off since the start (a directory it could
+// not write) is listed down, with nothing counted.
+std::vector<TierStats> TierStatsOf(const kvs::AsyncEngine& engine) {
+  std::vector<TierStats> out;
+  for (const kvs::TierKind& kind : kvs::TierKinds()) {
+    if (const kvs::KvTier* tier = engine.tier(kind.name)) {
+      out.push_back(ToTierStats(*tier));
+    } else if (kind.configured(engine.config())) {
+      TierStats off;
+      off.name = std::string(kind.name);
+      off.usage_bytes = off.capacity_bytes = off.blocks = 0;  // it holds nothing
+      out.push_back(std::move(off));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -457,41 +498,7 @@ EngineStats Engine::stats() const {
   s.evicted_tokens = load.evicted_tokens;
   s.compactions = load.compactions;
   s.blocks_freed_by_compaction = load.blocks_freed_by_compaction;
-  if (impl_->engine->disk_tier() == nullptr && !impl_->options.kv_disk.empty()) {
-    s.kv_disk = true;  // configured, and off since the start (a directory it could not write)
-    s.kv_disk_failed = true;
-  }
-  if (const kvs::KvTier* tier = impl_->engine->disk_tier()) {
-    const kvs::KvTierStats t = tier->stats();
-    s.kv_disk = true;
-    s.kv_disk_failed = t.failed;
-    s.kv_disk_hits = t.hits;
-    s.kv_disk_misses = t.misses;
-    s.kv_disk_corrupt = t.corrupt;
-    s.kv_disk_bytes_read = t.bytes_read;
-    s.kv_disk_read_seconds = t.load_seconds;
-    s.kv_disk_bytes_written = t.bytes_written;
-    s.kv_disk_payload_bytes_written = t.payload_bytes_written;
-    s.kv_disk_dropped = t.dropped;
-    s.kv_disk_usage_bytes = t.usage_bytes;
-    s.kv_disk_capacity_bytes = static_cast<int64_t>(tier->config().capacity_bytes);
-    s.kv_disk_blocks = t.blocks_stored;
-  }
-  if (const kvs::KvTier* tier = impl_->engine->redis_tier()) {
-    const kvs::KvTierStats t = tier->stats();
-    const kvs::RedisStoreStats r = tier->redis_store()->stats();
-    s.kv_redis = true;
-    s.kv_redis_up = r.up;
-    s.kv_redis_errors = r.errors;
-    s.kv_redis_hits = t.hits;
-    s.kv_redis_misses = t.misses;
-    s.kv_redis_corrupt = t.corrupt;
-    s.kv_redis_bytes_read = r.bytes_read;
-    s.kv_redis_read_seconds = t.load_seconds;
-    s.kv_redis_bytes_written = r.bytes_written;
-    s.kv_redis_blocks_written = t.blocks_written;
-    s.kv_redis_dropped = t.dropped + t.write_errors;
-  }
+  s.tiers = TierStatsOf(*impl_->engine);
   return s;
 }
 
@@ -505,6 +512,24 @@ std::string Engine::kv_format() const {
 
 std::string Engine::kv_format_fingerprint() const {
   return impl_->kv_format->fingerprint().Hex();
+}
+
+std::vector<std::string> TierNames() {
+  return kvs::TierNames();
+}
+
+const TierStats* EngineStats::tier(std::string_view name) const {
+  for (const TierStats& t : tiers) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+int32_t TokenEvent::TokensFrom(std::string_view tier) const {
+  for (const TierTokens& t : tier_tokens) {
+    if (t.tier == tier) return t.tokens;
+  }
+  return 0;
 }
 
 }  // namespace kvserve

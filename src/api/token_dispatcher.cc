@@ -4,8 +4,9 @@
 
 namespace kvserve {
 
-TokenDispatcher::TokenDispatcher(const kvs::Tokenizer& tokenizer)
-    : tokenizer_(tokenizer), thread_([this] { Loop(); }) {}
+TokenDispatcher::TokenDispatcher(const kvs::Tokenizer& tokenizer,
+                                 const std::vector<std::string>* tier_labels)
+    : tokenizer_(tokenizer), tier_labels_(tier_labels), thread_([this] { Loop(); }) {}
 
 TokenDispatcher::~TokenDispatcher() {
   Drain();
@@ -75,8 +76,9 @@ void TokenDispatcher::Deliver(Stream& stream, const kvs::TokenEvent& e) const {
   out.error = e.error;
   out.logprob = e.logprob;
   out.cached_tokens = e.cached_tokens;
-  out.disk_tokens = e.disk_tokens;
-  out.redis_tokens = e.redis_tokens;
+  for (size_t i = 0; i < tier_labels_->size(); ++i) {
+    if (e.tier_tokens[i] > 0) out.tier_tokens.push_back({(*tier_labels_)[i], e.tier_tokens[i]});
+  }
   for (const kvs::TokenLogprob& alt : e.top_logprobs) {
     out.top_logprobs.push_back({alt.token, tokenizer_.TokenToPiece(alt.token, true), alt.logprob});
   }

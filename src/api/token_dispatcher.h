@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,7 +22,9 @@ namespace kvserve {
 
 class TokenDispatcher {
  public:
-  explicit TokenDispatcher(const kvs::Tokenizer& tokenizer);
+  // tier_labels: the engine's tiers' labels in list order (a TokenEvent's tier_tokens follow
+  // it), filled before the first request; it outlives the dispatcher.
+  TokenDispatcher(const kvs::Tokenizer& tokenizer, const std::vector<std::string>* tier_labels);
   ~TokenDispatcher();  // Drain()
 
   // The engine's callback for one request: each event is kept for on_token, which runs on the
@@ -47,6 +50,7 @@ class TokenDispatcher {
   void Deliver(Stream& stream, const kvs::TokenEvent& e) const;
 
   const kvs::Tokenizer& tokenizer_;
+  const std::vector<std::string>* tier_labels_;
   std::vector<Item> kept_;  // the loop thread's, between flushes: no lock per token
   std::mutex mu_;
   std::condition_variable wake_;

@@ -88,18 +88,19 @@ int RunSave(KvArgs a) {
     return 1;
   }
   const kvserve::EngineStats s = engine->stats();
+  const int64_t written = s.tier("disk") ? s.tier("disk")->bytes_written : 0;
   if (a.json) {
     std::printf("%s\n", nlohmann::json{{"name", info.name},
                                        {"tokens", info.tokens},
                                        {"blocks", info.blocks},
                                        {"blocks_on_disk", info.blocks_on_disk},
-                                       {"bytes_written", s.kv_disk_bytes_written},
+                                       {"bytes_written", written},
                                        {"model", info.model}}
                             .dump()
                             .c_str());
   } else {
     std::printf("saved %s: %d tokens, %d blocks on disk (%.1f KiB written)\n", info.name.c_str(),
-                info.tokens, info.blocks_on_disk, s.kv_disk_bytes_written / 1024.0);
+                info.tokens, info.blocks_on_disk, written / 1024.0);
   }
   return 0;
 }

@@ -130,19 +130,24 @@ void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
 void AsyncEngine::Stop() {
   engine_.CancelAll();
   if (after_step_) after_step_();
-  if (!engine_.disk_tier()) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t offered = engine_.FlushTier(/*wait=*/true);
-  const KvTierStats s = engine_.disk_tier()->stats();
-  KVS_LOG_INFO(
-      "kv disk: flushed %lld blocks in %.0f ms; %lld blocks written this run, %.1f MiB "
-      "of KV in %.1f MiB of files (%s, ratio %.2f), %lld loaded",
-      static_cast<long long>(offered),
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-      static_cast<long long>(s.blocks_written), s.payload_bytes_written / 1048576.0,
-      s.bytes_written / 1048576.0, BlockCodecName(engine_.disk_tier()->config().codec),
-      s.bytes_written > 0 ? double(s.payload_bytes_written) / double(s.bytes_written) : 1.0,
-      static_cast<long long>(s.hits));
+  if (!engine_.tiers().empty()) FlushTiers();
+}
+
+void AsyncEngine::FlushTiers() {
+  for (const auto& tier : engine_.tiers()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t offered = tier->Flush(engine_.kv(), /*wait=*/true);
+    const KvTierStats s = tier->stats();
+    KVS_LOG_INFO(
+        "kv %.*s: flushed %lld blocks in %.0f ms; %lld blocks written this run, %.1f MiB "
+        "of KV in %.1f MiB of files (%s, ratio %.2f), %lld loaded",
+        static_cast<int>(tier->name().size()), tier->name().data(), static_cast<long long>(offered),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+        static_cast<long long>(s.blocks_written), s.payload_bytes_written / 1048576.0,
+        s.bytes_written / 1048576.0, BlockCodecName(tier->config().codec),
+        s.bytes_written > 0 ? double(s.payload_bytes_written) / double(s.bytes_written) : 1.0,
+        static_cast<long long>(s.hits));
+  }
 }
 
 void AsyncEngine::PublishLoad(const EngineStepStats& stats) {

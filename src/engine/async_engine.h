@@ -42,7 +42,7 @@ class AsyncEngine {
  public:
   // spec: the drafter (and what it reads) when the engine speculates.
   // eviction_policy: as Engine's (null: made from config.eviction.policy).
-  // tiers: the tiers under the prefix cache (disk, Redis; none when empty).
+  // tiers: the tiers under the prefix cache, in the order they are asked (none when empty).
   // after_step: runs on the loop thread after the commands of each pass are applied and after
   // each step has published its totals (load()), and once more after the cancellations of the
   // shutdown: where the API hands the token events the callbacks kept to its own thread.
@@ -58,23 +58,25 @@ class AsyncEngine {
   void Cancel(RequestId id);
   // Cancels every request queued or running before the next step.
   void CancelAll();
-  // Cancels everything still queued or running, writes what the disk tier lacks (bounded:
+  // Cancels everything still queued or running, writes what the tiers lack (bounded:
   // Engine::FlushTier) and stops the loop thread.
   void Shutdown();
   // Runs task on the loop thread between steps (what must touch the engine's state: the prefix
   // cache, the disk tier's offers); the future is ready when it ran. After Shutdown the task
   // never runs and the future holds a broken promise.
   std::future<void> RunOnLoop(std::function<void(Engine&)> task);
-  // The disk tier (null: none); its stats() and WaitForWrites may be called from any thread.
-  KvTier* disk_tier() { return engine_.disk_tier(); }
-  const KvTier* disk_tier() const { return engine_.disk_tier(); }
-  // The Redis tier (null: none); its stats() may be read from any thread.
-  const KvTier* redis_tier() const { return engine_.redis_tier(); }
+  // The tiers in the order they are asked, and the one labelled name (null: none); a tier's
+  // stats() and WaitForWrites may be called from any thread.
+  const KvTiers& tiers() const { return engine_.tiers(); }
+  KvTier* tier(std::string_view name) const { return engine_.tier(name); }
 
   EngineLoad load() const;
   const EngineConfig& config() const { return engine_.config(); }
 
  private:
+  // Shutdown's last act on the loop: every tier writes what it lacks (bounded), one log line
+  // each.
+  void FlushTiers();
   struct Command {
     RequestId id = 0;
     bool cancel = false;
@@ -86,7 +88,7 @@ class AsyncEngine {
   };
   void Loop();
   void ApplyCommands(std::deque<Command>& commands);
-  void Stop();  // the loop's end: cancels what is left, flushes the disk tier
+  void Stop();  // the loop's end: cancels what is left, flushes every tier
   void PublishLoad(const EngineStepStats& stats);
 
   std::unique_ptr<StepRunner> runner_;

@@ -75,7 +75,7 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter,
   kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
   kv_.set_uncache_listener([this](BlockId id, const BlockHash& hash, bool reused) {
     for (auto& t : tiers_) {
-      if (t) t->OnUncache(id, hash, reused);
+      t->OnUncache(id, hash, reused);
     }
     if (events_) events_->Removed(hash);
   });
@@ -279,10 +279,13 @@ bool Engine::Emit(Sequence* seq, int32_t token, const SampledLogprobs* logprobs)
   const RequestOptions& o = requests_.at(seq->request).options;
   TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
   event.cached_tokens = std::max(0, seq->cached_tokens);
-  event.disk_tokens =
-      std::min(seq->tier_tokens[static_cast<int>(TierSlot::kDisk)], event.cached_tokens);
-  event.redis_tokens = std::min(seq->tier_tokens[static_cast<int>(TierSlot::kRedis)],
-                                event.cached_tokens - event.disk_tokens);
+  // Each tier's loaded tokens, capped in lookup order so that together they never exceed the
+  // cached ones (a preempted sequence's reload counts once).
+  int32_t left = event.cached_tokens;
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    event.tier_tokens[i] = std::min(seq->tier_tokens[i], left);
+    left -= event.tier_tokens[i];
+  }
   if (logprobs != nullptr) {
     event.logprob = logprobs->logprob;
     event.top_logprobs = logprobs->top;
@@ -305,7 +308,16 @@ bool Engine::Emit(Sequence* seq, int32_t token, const SampledLogprobs* logprobs)
 }
 
 void Engine::AttachTier(std::unique_ptr<KvTier> tier) {
-  tiers_[static_cast<int>(tier->slot())] = std::move(tier);
+  KVS_CHECK(tiers_.size() < static_cast<size_t>(kMaxTiers));
+  tier->set_index(static_cast<int>(tiers_.size()));
+  tiers_.push_back(std::move(tier));
+}
+
+KvTier* Engine::tier(std::string_view name) const {
+  for (const auto& t : tiers_) {
+    if (t->name() == name) return t.get();
+  }
+  return nullptr;
 }
 
 void Engine::AttachEventSink(KvEventSink* sink) {
@@ -318,19 +330,19 @@ void Engine::AttachEventSink(KvEventSink* sink) {
 int64_t Engine::FlushTier(bool wait) {
   int64_t offered = 0;
   for (auto& t : tiers_) {
-    if (t) offered += t->Flush(kv_, wait);
+    offered += t->Flush(kv_, wait);
   }
   return offered;
 }
 
 void Engine::TiersAfterCommit(Sequence& seq) {
   for (auto& t : tiers_) {
-    if (t) t->AfterCommit(seq, kv_);
+    t->AfterCommit(seq, kv_);
   }
 }
 
 int32_t Engine::ResetPrefixCache() {
-  FlushTier(/*wait=*/false);  // write-back: what leaves RAM goes to disk first
+  FlushTier(/*wait=*/false);  // write-back: what leaves RAM goes to the tiers first
   const int32_t dropped = kv_.DropFreeCachedBlocks();
   if (events_) events_->Flush();
   return dropped;
@@ -345,7 +357,6 @@ std::vector<BlockHash> Engine::PromptBlockHashes(const std::vector<int32_t>& tok
 
 void Engine::TiersBeforePlan() {
   for (auto& t : tiers_) {
-    if (!t) continue;
     t->BeforePlan(
         kv_, scheduler_.waiting(),
         [this](SeqId id) -> Sequence* {
@@ -370,7 +381,7 @@ void Engine::SetStepTarget() {
 void Engine::WaitForTierLoad() {
   // Nothing to compute but a load from a tier: wait for it here rather than spin.
   for (auto& t : tiers_) {
-    if (t && t->loads_outstanding()) {
+    if (t->loads_outstanding()) {
       t->WaitForLoad(5);
       break;
     }

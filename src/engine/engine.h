@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -110,17 +111,16 @@ class Engine {
   void set_clock(std::function<double()> now_seconds) { clock_ = std::move(now_seconds); }
   const StepCostModel& step_cost() const { return step_cost_; }
 
-  // A tier under the prefix cache (kv_tier.h), in its slot (disk, Redis). Attach before the
-  // first step.
+  // A tier under the prefix cache (kv_tier.h), asked after those attached before it (the
+  // builder attaches disk, then Redis). Attach before the first step; at most kMaxTiers.
   void AttachTier(std::unique_ptr<KvTier> tier);
   // Publishes every change of the prefix index to sink (KV events; null: none), starting with
   // AllBlocksCleared. The sink outlives the engine. Attach before the first step.
   void AttachEventSink(KvEventSink* sink);
-  // The disk tier (the first of the tiers: tiers_[0]); null: none.
-  KvTier* disk_tier() { return tiers_[0].get(); }
-  const KvTier* disk_tier() const { return tiers_[0].get(); }
-  // The Redis tier; null: none.
-  const KvTier* redis_tier() const { return tiers_[1].get(); }
+  // The tiers, in the order they are asked; a TokenEvent's tier_tokens follow it.
+  const KvTiers& tiers() const { return tiers_; }
+  // The tier labelled name ("disk", "redis"); null: none.
+  KvTier* tier(std::string_view name) const;
   // Writes every indexed block a tier lacks; when wait, waits for the writes (bounded: each
   // tier's flush timeout). SIGTERM's last act. Returns the blocks offered.
   int64_t FlushTier(bool wait);
@@ -195,8 +195,8 @@ class Engine {
   std::vector<std::vector<SeqId>> fork_ids_;  // per run: the ids its forks were given
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
   Evictor evictor_;
-  // By TierSlot, asked in that order; after kv_: their listener is set on kv_.
-  std::array<std::unique_ptr<KvTier>, kNumTiers> tiers_;
+  // Asked in this order; after kv_: their listener is set on kv_.
+  KvTiers tiers_;
   std::unique_ptr<KvEventLog> events_;  // null: no KV events
   int64_t evicted_tokens_ = 0, compactions_ = 0, blocks_freed_by_compaction_ = 0;
 };

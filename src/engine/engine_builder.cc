@@ -1,14 +1,8 @@
 #include "engine/engine_builder.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
 #include <utility>
-
-#include <sys/statvfs.h>
-#include <unistd.h>
 
 #include "core/log.h"
 #include "engine/key_offsets.h"
@@ -163,98 +157,24 @@ Expected<std::unique_ptr<AsyncEngine>> EngineBuilder::Async(const EngineConfig& 
 }
 
 Expected<KvTiers> EngineBuilder::Tiers(const EngineConfig& config, ModelRunner& runner) {
+  const TierContext ctx{
+      config, MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
+      runner.mutable_storage(),
+      [this, &runner](const TransformCodecOptions& options, const std::string& dir) {
+        return TransformCodecFor(options, runner.storage().shared_format(), dir);
+      }};
   KvTiers tiers;
-  auto disk = DiskTier(config, runner);
-  if (!disk.ok()) return disk.status();
-  if (*disk) tiers.push_back(std::move(*disk));
-  if (!config.kv_redis.url.empty()) {
+  for (const TierKind& kind : TierKinds()) {
+    if (!kind.configured(config)) continue;
     if (!config.prefix_cache || config.reserve_full_context) {
-      return Status::Error(
-          "--kv-redis stores the prefix cache's blocks: it needs the prefix cache");
+      return Status::Error(std::string(kind.flag) +
+                           " stores the prefix cache's blocks: it needs the prefix cache");
     }
-    KvRedisConfig redis_config = config.kv_redis;
-    if (redis_config.transform_options) {
-      auto codec = TransformCodecFor(*redis_config.transform_options,
-                                     runner.storage().shared_format(), config.kv_disk.dir);
-      if (!codec.ok()) return codec.status();
-      redis_config.transform = *codec;
-    }
-    auto redis = KvTier::OpenRedis(
-        redis_config, MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
-        runner.mutable_storage());
-    if (!redis.ok()) return redis.status();
-    tiers.push_back(std::move(*redis));
+    auto tier = kind.open(ctx);
+    if (!tier.ok()) return tier.status();
+    if (*tier) tiers.push_back(std::move(*tier));
   }
   return tiers;
-}
-
-namespace {
-
-// Why blocks could not be written under dir (created here where missing): a read-only file
-// system or a directory this process may not write; empty when they can. Other failures
-// (not a directory, a vanished parent) are left to the store's open, which names them.
-std::string ReadOnlyReason(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec == std::errc::read_only_file_system || ec == std::errc::permission_denied) {
-    return ec.message();
-  }
-  if (ec) return {};
-  struct statvfs fs;
-  if (::statvfs(dir.c_str(), &fs) == 0 && (fs.f_flag & ST_RDONLY) != 0) {
-    return "Read-only file system";
-  }
-  if (::access(dir.c_str(), W_OK) != 0 && (errno == EROFS || errno == EACCES)) {
-    return std::strerror(errno);
-  }
-  return {};
-}
-
-}  // namespace
-
-Expected<std::unique_ptr<KvTier>> EngineBuilder::DiskTier(const EngineConfig& config,
-                                                          ModelRunner& runner) {
-  if (config.kv_disk.dir.empty()) return std::unique_ptr<KvTier>();
-  if (!config.prefix_cache || config.reserve_full_context) {
-    return Status::Error("--kv-disk stores the prefix cache's blocks: it needs the prefix cache");
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string& dir = config.kv_disk.dir;
-  if (std::string why = ReadOnlyReason(dir); !why.empty()) {
-    // A read-only (or uncreatable) directory fails no start: serving goes on without the tier,
-    // as a tier that fails while running does (docs/SECURITY.md).
-    KVS_LOG_WARN(
-        "kv disk: %s is not writable (%s): the disk tier is off, serving goes on "
-        "without it",
-        dir.c_str(), why.c_str());
-    return std::unique_ptr<KvTier>();
-  }
-  KvTierConfig disk_config = config.kv_disk;
-  if (disk_config.codec == BlockCodec::kTransform) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);  // the basis is saved there before the store
-    auto codec =
-        TransformCodecFor(disk_config.transform_options, runner.storage().shared_format(), dir);
-    if (!codec.ok()) return codec.status();
-    disk_config.transform = *codec;
-  }
-  auto tier = KvTier::Open(disk_config,
-                           MakeBlockIdentity(model_.weights_digest(), runner.storage().format()),
-                           runner.mutable_storage(), [&dir](int64_t files) {
-                             KVS_LOG_INFO("kv disk: indexing %s: %lld files so far", dir.c_str(),
-                                          static_cast<long long>(files));
-                           });
-  if (!tier.ok()) return tier.status();
-  const KvTierStats s = (*tier)->stats();
-  KVS_LOG_INFO(
-      "kv disk: %s holds %lld blocks (%.1f MiB of %.1f GiB; indexed in %.0f ms), %s, %s",
-      dir.c_str(), static_cast<long long>(s.blocks_stored), s.usage_bytes / 1048576.0,
-      (*tier)->config().capacity_bytes / 1073741824.0,
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-      config.kv_disk.policy == KvDiskPolicy::kWriteThrough ? "write-through" : "write-back",
-      disk_config.transform ? disk_config.transform->name().c_str()
-                            : BlockCodecName(config.kv_disk.codec));
-  return tier;
 }
 
 Expected<std::shared_ptr<const KvBlockCodec>> EngineBuilder::TransformCodecFor(

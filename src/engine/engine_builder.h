@@ -13,6 +13,7 @@
 #include "engine/calibration_prefill.h"
 #include "engine/engine.h"
 #include "engine/kv_format_factory.h"
+#include "engine/kv_tier_kinds.h"
 #include "engine/model_runner.h"
 #include "engine/single_sequence.h"
 #include "engine/spec/spec_runtime.h"
@@ -55,10 +56,9 @@ class EngineBuilder {
   Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
 
  private:
-  // The tiers config names (disk, Redis) over runner's KV, in order; empty when it names none.
+  // The tiers config names (engine/kv_tier_kinds.h) over runner's KV, in order; empty when it
+  // names none.
   Expected<KvTiers> Tiers(const EngineConfig& config, ModelRunner& runner);
-  // The disk tier of config.kv_disk (null when config names no directory).
-  Expected<std::unique_ptr<KvTier>> DiskTier(const EngineConfig& config, ModelRunner& runner);
   // A tier's transform codec for the runner's KV format: fitted on the calibration tokens (the
   // builder's, else the built-in paragraph) once per builder, the fit saved in and read from dir
   // when given.

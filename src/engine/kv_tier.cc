@@ -1,15 +1,10 @@
 #include "engine/kv_tier.h"
 
-#include <signal.h>
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <chrono>
 
 #include "core/check.h"
 #include "core/log.h"
-#include "core/text_file.h"
-#include "kv/redis_block_store.h"
 
 namespace kvs {
 
@@ -30,101 +25,21 @@ Expected<BlockCodec> ParseBlockCodec(const std::string& name) {
   return Status::Error("--kv-disk-codec " + name + ": expected raw, zstd or tc:BITS");
 }
 
-Expected<std::unique_ptr<KvTier>> KvTier::Open(const KvTierConfig& config,
-                                               const BlockIdentity& identity, KvStorage& storage,
-                                               const std::function<void(int64_t)>& progress) {
-  if (config.dir.empty()) return Status::Error("--kv-disk: no directory given");
-  if (config.codec == BlockCodec::kTransform && config.transform == nullptr) {
-    return Status::Error("--kv-disk-codec tc: no transform codec was made");
-  }
-  // A file size limit (ulimit -f) must fail a block's write with EFBIG, which turns the tier
-  // off, rather than kill the process with SIGXFSZ.
-  ::signal(SIGXFSZ, SIG_IGN);
-  auto store = DiskBlockStore::Open(config.dir, UINT64_MAX, progress);
-  if (!store.ok()) return store.status();
-  KvTierConfig c = config;
-  if (c.capacity_bytes == 0) {
-    // 20G, or what the file system has free (plus what the store holds already), if less.
-    struct statvfs fs;
-    uint64_t room = kDefaultKvDiskBytes;
-    if (::statvfs(c.dir.c_str(), &fs) == 0) {
-      room = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize + (*store)->usage_bytes();
-    }
-    c.capacity_bytes = std::min(kDefaultKvDiskBytes, room);
-  }
-  const uint64_t min_bytes = 4 * storage.geometry().BytesPerBlock();
-  if (c.capacity_bytes < min_bytes) {
-    if (config.capacity_bytes != 0) {
-      return Status::Error(StrFormat(
-          "--kv-disk-size %llu bytes holds fewer than 4 blocks of this KV format (%llu bytes each)",
-          static_cast<unsigned long long>(c.capacity_bytes),
-          static_cast<unsigned long long>(storage.geometry().BytesPerBlock())));
-    }
-    // A full (or read-only) file system: the blocks there still load; new ones are not written.
-    KVS_LOG_WARN("kv disk: %s has no room for new blocks: the tier only reads what it holds",
-                 c.dir.c_str());
-  }
-  (*store)->set_capacity(c.capacity_bytes);
-  return std::unique_ptr<KvTier>(
-      new KvTier(TierSlot::kDisk, c, identity, storage, std::move(*store)));
+std::unique_ptr<KvTier> KvTier::Make(const KvTierConfig& config, const BlockIdentity& identity,
+                                     KvStorage& storage, std::unique_ptr<BlockStore> store) {
+  return std::unique_ptr<KvTier>(new KvTier(config, identity, storage, std::move(store)));
 }
 
-Expected<std::unique_ptr<KvTier>> KvTier::OpenRedis(const KvRedisConfig& config,
-                                                    const BlockIdentity& identity,
-                                                    KvStorage& storage) {
-  auto endpoint = ParseRedisUrl(config.url);
-  if (!endpoint.ok()) return endpoint.status();
-  if (!config.password_file.empty()) {
-    auto text = ReadTextFile(config.password_file, 4096);
-    if (!text.ok()) {
-      return Status::Error("--kv-redis-password-file " + config.password_file + ": " +
-                           text.error());
-    }
-    std::string password = text->substr(0, text->find_first_of("\r\n"));
-    if (password.empty()) {
-      return Status::Error("--kv-redis-password-file " + config.password_file +
-                           ": the first line is empty");
-    }
-    endpoint->password = std::move(password);
-  }
-  if (config.zstd_level < 1 || config.zstd_level > 19) {
-    return Status::Error(StrFormat("kv redis: zstd level %d: expected 1-19", config.zstd_level));
-  }
-  RedisStoreConfig rc;
-  rc.endpoint = *endpoint;
-  rc.key_namespace = config.key_namespace;
-  rc.ttl_seconds = config.ttl_seconds;
-  rc.timeout_ms = config.timeout_ms;
-  rc.max_value_bytes =
-      static_cast<int64_t>(MaxBlockFileBytes(identity, storage.geometry().BytesPerBlock()));
-  auto store = RedisBlockStore::Open(rc);
-  if (!store.ok()) return store.status();
-  KvTierConfig c;
-  c.policy = KvDiskPolicy::kWriteThrough;  // written behind as soon as full and hashed
-  c.codec = config.transform ? BlockCodec::kTransform : BlockCodec::kZstd;
-  c.transform = config.transform;
-  c.zstd_level = config.zstd_level;
-  c.write_queue_bytes = config.write_queue_bytes;
-  return std::unique_ptr<KvTier>(
-      new KvTier(TierSlot::kRedis, c, identity, storage, std::move(*store)));
-}
-
-KvTier::KvTier(TierSlot slot, const KvTierConfig& config, const BlockIdentity& identity,
-               KvStorage& storage, std::unique_ptr<BlockStore> store)
-    : slot_(slot),
-      config_(config),
-      identity_(identity),
-      storage_(storage),
-      store_(std::move(store)) {
-  if (slot_ == TierSlot::kDisk) disk_ = static_cast<DiskBlockStore*>(store_.get());
-  if (slot_ == TierSlot::kRedis) redis_ = static_cast<RedisBlockStore*>(store_.get());
+KvTier::KvTier(const KvTierConfig& config, const BlockIdentity& identity, KvStorage& storage,
+               std::unique_ptr<BlockStore> store)
+    : config_(config), identity_(identity), storage_(storage), store_(std::move(store)) {
   const int64_t block_bytes = static_cast<int64_t>(storage_.geometry().BytesPerBlock());
   const int64_t queued = std::max<int64_t>(16, config_.write_queue_bytes / block_bytes);
-  // A disk that refuses writes is full or gone for good: the tier turns itself off. Redis comes
-  // back: its writes fail fast while it is down and resume when it answers.
+  // A local store that refuses writes is full or gone for good: the tier turns itself off. A
+  // remote one comes back: its writes fail fast while it is down and resume when it answers.
   writer_ = std::make_unique<BlockWriter>(
       *store_, static_cast<int32_t>(std::min<int64_t>(queued, 1 << 20)),
-      redis_ ? 0 : BlockWriter::kFailuresToStop, config_.transform);
+      store_->Recovers() ? 0 : BlockWriter::kFailuresToStop, config_.transform);
   loader_ = std::make_unique<BlockLoader>(
       *store_, identity_,
       [this](BlockId id, std::span<const uint8_t> payload) {
@@ -133,17 +48,17 @@ KvTier::KvTier(TierSlot slot, const KvTierConfig& config, const BlockIdentity& i
         return storage_.WriteBlock(id.value, payload);
       },
       config_.transform);
-  if (disk_) corrupt_ = disk_->rejected_at_open();
+  corrupt_ = store_->counters().corrupt_at_open;
 }
 
 DiskBlockStore& KvTier::store() {
-  KVS_CHECK(disk_ != nullptr);
-  return *disk_;
+  auto* disk = dynamic_cast<DiskBlockStore*>(store_.get());
+  KVS_CHECK(disk != nullptr);
+  return *disk;
 }
 
 const DiskBlockStore& KvTier::store() const {
-  KVS_CHECK(disk_ != nullptr);
-  return *disk_;
+  return const_cast<KvTier*>(this)->store();
 }
 
 KvTier::~KvTier() {
@@ -167,10 +82,15 @@ KvTierStats KvTier::stats() const {
   s.dropped = w.dropped;
   s.write_errors = w.errors;
   s.failed = w.failed;
-  if (disk_) {
-    s.usage_bytes = static_cast<int64_t>(disk_->usage_bytes());
-    s.blocks_stored = disk_->num_blocks();
-  }
+  // What the store counts itself wins over the tier's own count (a remote store's wire bytes).
+  const BlockStoreCounters c = store_->counters();
+  s.up = c.up && !w.failed;
+  s.errors = c.errors >= 0 ? c.errors : w.errors;
+  if (c.bytes_read >= 0) s.bytes_read = c.bytes_read;
+  if (c.bytes_written >= 0) s.bytes_written = c.bytes_written;
+  s.usage_bytes = c.usage_bytes;
+  s.capacity_bytes = c.capacity_bytes;
+  s.blocks_stored = c.blocks;
   return s;
 }
 
@@ -195,7 +115,7 @@ void KvTier::AfterCommit(Sequence& seq, const KvCacheManager& kv) {
   const BlockTable& table = kv.Table(seq.id);
   const int32_t bs = kv.block_size();
   const int32_t n = static_cast<int32_t>(table.hashes.size());
-  int32_t& seen = seq.tier_seen[static_cast<int>(slot_)];
+  int32_t& seen = seq.tier_seen[index_];
   seen = std::min(seen, n);  // a rollback or compaction cut the list
   for (int32_t i = seen; i < n; ++i) {
     const BlockHash& hash = table.hashes[i];
@@ -235,7 +155,7 @@ void KvTier::CollectLoads(KvCacheManager& kv, const std::function<Sequence*(SeqI
     LogLoad(r);
     if (Sequence* seq = find(load.seq)) {
       seq->kv_loading = false;
-      seq->tier_tokens[static_cast<int>(slot_)] += r.n_loaded * bs;
+      seq->tier_tokens[index_] += r.n_loaded * bs;
     }
     loads_.erase(it);
   }
@@ -305,10 +225,10 @@ void KvTier::StartLoad(KvCacheManager& kv, Sequence* seq, bool available,
   job.hashes.assign(seq->block_hashes.begin() + in_ram, seq->block_hashes.begin() + in_ram + take);
   job.first_parent = in_ram == 0 ? BlockHash{} : seq->block_hashes[in_ram - 1];
   job.tokens.assign(seq->tokens.begin() + in_ram * bs, seq->tokens.begin() + (in_ram + take) * bs);
-  if (redis_) {
+  if (const int64_t timeout_ms = store_->timeout_ms(); timeout_ms > 0) {
     // Worth waiting for only while faster than computing: a slow store (or a load queued
     // behind one) must not hold the sequence longer than its prefill would take.
-    const double budget_s = std::max(static_cast<double>(redis_->config().timeout_ms) / 1e3,
+    const double budget_s = std::max(static_cast<double>(timeout_ms) / 1e3,
                                      compute_seconds_per_token * static_cast<double>(take) * bs);
     job.deadline = std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -357,7 +277,8 @@ int64_t KvTier::Flush(const KvCacheManager& kv, bool wait) {
   if (wait) {
     const bool drained = writer_->Flush(left_ms());
     if (!drained || not_written > 0) {
-      KVS_LOG_WARN("kv disk: flush stopped after %lld ms: some blocks were not written",
+      KVS_LOG_WARN("kv %.*s: flush stopped after %lld ms: some blocks were not written",
+                   static_cast<int>(name().size()), name().data(),
                    static_cast<long long>(config_.flush_timeout_ms - left_ms()));
     }
   }

@@ -89,43 +89,42 @@ struct KvTierStats {
   int64_t hits = 0;           // blocks loaded from the store
   int64_t misses = 0;         // blocks past the RAM prefix that the store did not have either
   int64_t corrupt = 0;        // blocks that failed a check (never loaded; removed)
-  int64_t bytes_read = 0;     // file bytes read by loads
-  int64_t bytes_written = 0;  // file bytes written
+  int64_t bytes_read = 0;     // bytes read by loads (a remote store: every value it returned)
+  int64_t bytes_written = 0;  // bytes written
   int64_t payload_bytes_written = 0;  // the KV bytes in them (ratio: the codec's)
   int64_t blocks_written = 0;
   int64_t dropped = 0;       // blocks not written: the queue was full or the tier had failed
   int64_t write_errors = 0;  // writes the store refused (Redis down: they fail fast)
-  int64_t usage_bytes = 0;
-  int64_t blocks_stored = 0;
+  int64_t errors = 0;        // the store's failed commands (a local one: its refused writes)
+  // -1 where the store does not know (a shared remote one).
+  int64_t usage_bytes = -1;
+  int64_t capacity_bytes = -1;
+  int64_t blocks_stored = -1;
   int64_t loaded_tokens = 0;
   int64_t load_deadlines = 0;  // loads ended at their deadline (a store slower than computing)
   double load_seconds = 0;     // the loader's busy time (bytes_read / load_seconds: its read rate)
   bool failed = false;  // the tier turned itself off (a full, read-only or vanished directory)
+  bool up = true;       // writing, and (a remote store) reachable at the last attempt
 };
-
-class RedisBlockStore;
 
 class KvTier {
  public:
-  // Opens (or creates) the store at config.dir and rebuilds its index, reporting progress for
-  // large stores; identity: what the pool's blocks depend on.
-  static Expected<std::unique_ptr<KvTier>> Open(const KvTierConfig& config,
-                                                const BlockIdentity& identity, KvStorage& storage,
-                                                const std::function<void(int64_t)>& progress);
-  // The Redis tier: configuration errors (URL, password file, a password Redis refused) fail;
-  // Redis down at start does not (lookups miss until it answers).
-  static Expected<std::unique_ptr<KvTier>> OpenRedis(const KvRedisConfig& config,
-                                                     const BlockIdentity& identity,
-                                                     KvStorage& storage);
+  // A tier over store (its kind's opener in engine/kv_tier_kinds.cc made it); identity: what
+  // the pool's blocks depend on.
+  static std::unique_ptr<KvTier> Make(const KvTierConfig& config, const BlockIdentity& identity,
+                                      KvStorage& storage, std::unique_ptr<BlockStore> store);
   ~KvTier();
 
-  TierSlot slot() const { return slot_; }
+  // The tier's label ("disk", "redis"): its store's name, the `tier` label of its metrics and
+  // the key of its tokens in a request's usage.
+  std::string_view name() const { return store_->name(); }
+  // Its place in the engine's list (the order tiers are asked in); set when attached.
+  int index() const { return index_; }
+  void set_index(int index) { index_ = index; }
   const KvTierConfig& config() const { return config_; }
-  // The disk tier's store (only on the disk tier).
+  // The disk tier's store (KV documents pin its blocks); only on a tier over a DiskBlockStore.
   DiskBlockStore& store();
   const DiskBlockStore& store() const;
-  // The Redis tier's store (null on the disk tier).
-  const RedisBlockStore* redis_store() const { return redis_; }
   BlockStore& block_store() { return *store_; }
   KvTierStats stats() const;
   // Why the latest block write failed (the store's message); empty when none has.
@@ -176,22 +175,20 @@ class KvTier {
     BlockHash first_parent;
     std::vector<int32_t> tokens;  // [blocks][block_size]
   };
-  KvTier(TierSlot slot, const KvTierConfig& config, const BlockIdentity& identity,
-         KvStorage& storage, std::unique_ptr<BlockStore> store);
-  int bit() const { return 1 << static_cast<int>(slot_); }
+  KvTier(const KvTierConfig& config, const BlockIdentity& identity, KvStorage& storage,
+         std::unique_ptr<BlockStore> store);
+  int bit() const { return 1 << index_; }
   // Copies the block's bytes and queues it for writing; false when it could not be queued.
   bool Offer(BlockId id, const BlockHash& hash, const BlockMeta& meta);
   bool NoWriteNeeded(const BlockHash& hash) const {  // stored, queued, or its name unusable
-    return store_->Contains(hash) || writer_->Pending(hash) || (disk_ && disk_->Unusable(hash));
+    return store_->Contains(hash) || writer_->Pending(hash) || store_->Unusable(hash);
   }
 
-  TierSlot slot_;
+  int index_ = 0;
   KvTierConfig config_;
   BlockIdentity identity_;
   KvStorage& storage_;
   std::unique_ptr<BlockStore> store_;
-  DiskBlockStore* disk_ = nullptr;    // store_, when it is the disk's
-  RedisBlockStore* redis_ = nullptr;  // store_, when it is Redis
   std::unique_ptr<BlockWriter> writer_;
   std::unique_ptr<BlockLoader> loader_;
   // Indexed blocks not stored yet, with what their file header needs (write-back keeps every

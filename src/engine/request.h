@@ -20,6 +20,10 @@ namespace kvs {
 
 using RequestId = int64_t;
 
+// The most tiers under the RAM pool one engine asks (engine/kv_tier.h); sequences and events
+// keep a fixed array per tier, indexed by the tier's place in the engine's list.
+inline constexpr int kMaxTiers = 4;
+
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* FinishReasonName(FinishReason reason);  // "stop", "length", "cancelled", "error"
 
@@ -50,8 +54,9 @@ struct TokenEvent {
   float logprob = 0;  // when RequestOptions::logprobs >= 0
   std::vector<TokenLogprob> top_logprobs;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
-  int32_t disk_tokens = 0;    // of those, loaded from the disk tier for this request
-  int32_t redis_tokens = 0;   // of those, loaded from the Redis tier for this request
+  // Of those, the ones each tier loaded for this request, by the tier's place in the engine's
+  // list (Engine::tiers()); a fixed array: an event is made per token, without allocating.
+  std::array<int32_t, kMaxTiers> tier_tokens{};
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -59,10 +64,6 @@ using TokenCallback = std::function<void(const TokenEvent&)>;
 // blocks, scheduled every step) -> kFinished. Preemption sends a running sequence back to
 // kWaiting with n_computed = 0; it keeps its tokens and recomputes them when readmitted.
 enum class SeqState { kWaiting, kRunning, kFinished };
-
-// The tiers under the RAM pool, in the order they are asked (engine/kv_tier.h).
-enum class TierSlot : int { kDisk = 0, kRedis = 1 };
-inline constexpr int kNumTiers = 2;
 
 // A sequence's tokens, front to back:
 //   [0, n_computed)                K/V in the cache
@@ -94,14 +95,14 @@ struct Sequence {
   // prefix caching is off.
   std::vector<BlockHash> block_hashes;
   int32_t cached_tokens = -1;  // prefix-cache hit at first admission (-1: not admitted yet)
-  // The tiers under RAM (engine/kv_tier.h), indexed by TierSlot: a load of blocks past the RAM
-  // prefix is in flight (the scheduler does not admit the sequence until it ends); the tiers
-  // that looked for its blocks since it was last queued (bit per slot); table hashes each has
-  // considered for writing; tokens each loaded.
+  // The tiers under RAM (engine/kv_tier.h), indexed by their place in the engine's list: a load
+  // of blocks past the RAM prefix is in flight (the scheduler does not admit the sequence until
+  // it ends); the tiers that looked for its blocks since it was last queued (a bit each); table
+  // hashes each has considered for writing; tokens each loaded.
   bool kv_loading = false;
   uint8_t tiers_probed = 0;
-  std::array<int32_t, kNumTiers> tier_seen{};
-  std::array<int32_t, kNumTiers> tier_tokens{};
+  std::array<int32_t, kMaxTiers> tier_seen{};
+  std::array<int32_t, kMaxTiers> tier_tokens{};
   // How it samples (the runner keeps its Sampler, step_batch.h): the request's parameters with
   // the choice's seed, and its logprobs.
   StepSampling sampling;

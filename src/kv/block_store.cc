@@ -231,4 +231,13 @@ int64_t DiskBlockStore::num_blocks() const {
   return static_cast<int64_t>(index_.size());
 }
 
+BlockStoreCounters DiskBlockStore::counters() const {
+  BlockStoreCounters c;
+  c.usage_bytes = static_cast<int64_t>(usage_bytes());
+  c.capacity_bytes = static_cast<int64_t>(capacity_bytes());
+  c.blocks = num_blocks();
+  c.corrupt_at_open = rejected_at_open_;
+  return c;
+}
+
 }  // namespace kvs

@@ -22,6 +22,20 @@
 
 namespace kvs {
 
+// What a store counts about itself, for its tier's stats (engine/kv_tier.h); -1: it does not
+// know, and the tier's own count stands (a shared remote store knows neither its size nor its
+// block count: other replicas write it too).
+struct BlockStoreCounters {
+  bool up = true;              // false while a remote store cannot be reached
+  int64_t errors = -1;         // failed commands or connections; -1: the tier's failed writes
+  int64_t bytes_read = -1;     // bytes the store returned; -1: those the tier's loads checked
+  int64_t bytes_written = -1;  // bytes the store took; -1: those the tier's writer wrote
+  int64_t usage_bytes = -1;
+  int64_t capacity_bytes = -1;
+  int64_t blocks = -1;
+  int64_t corrupt_at_open = 0;  // entries found unusable when the store opened
+};
+
 // One block read back from a store.
 struct StoredBlock {
   enum class State {
@@ -47,6 +61,16 @@ class BlockStore {
   // False while the store is known to be unreachable (a remote store between reconnect tries):
   // callers skip lookups rather than hold pool blocks for them.
   virtual bool Available() const { return true; }
+  // Whether a remote store comes back after refusing writes (a server that was down): its
+  // writer keeps offering instead of turning the tier off. A local store that refuses writes
+  // is full or gone for good.
+  virtual bool Recovers() const { return false; }
+  // A remote store answers within this many ms or fails: a load from it may wait that long
+  // (or as long as computing its tokens would take). 0: a local store, no deadline.
+  virtual int64_t timeout_ms() const { return 0; }
+  // A block the store may neither write nor load in this run (something else holds its name).
+  virtual bool Unusable(const BlockHash&) const { return false; }
+  virtual BlockStoreCounters counters() const { return {}; }
   // Stores a block file's bytes under hash (replacing what was there).
   virtual Status Put(const BlockHash& hash, std::span<const uint8_t> file) = 0;
   // The stored bytes; an error when absent or unreadable.
@@ -89,7 +113,8 @@ class DiskBlockStore final : public BlockStore {
   int64_t rejected_at_open() const { return rejected_at_open_; }
   // A block whose name something else holds that the store may not remove (a directory with
   // contents): never written nor loaded in this run, so that it costs that block only.
-  bool Unusable(const BlockHash& hash) const;
+  bool Unusable(const BlockHash& hash) const override;
+  BlockStoreCounters counters() const override;
 
  private:
   struct Entry {

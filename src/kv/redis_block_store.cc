@@ -563,4 +563,14 @@ RedisStoreStats RedisBlockStore::stats() const {
   return s;
 }
 
+BlockStoreCounters RedisBlockStore::counters() const {
+  const RedisStoreStats r = stats();
+  BlockStoreCounters c;
+  c.up = r.up;
+  c.errors = r.errors;
+  c.bytes_read = r.bytes_read;  // every value read, the pipelined ones past a miss too
+  c.bytes_written = r.bytes_written;
+  return c;
+}
+
 }  // namespace kvs

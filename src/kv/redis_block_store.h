@@ -77,6 +77,9 @@ class RedisBlockStore final : public BlockStore {
   bool Contains(const BlockHash& hash) const override;
   bool KnowsContents() const override { return false; }
   bool Available() const override;
+  bool Recovers() const override { return true; }
+  int64_t timeout_ms() const override { return config_.timeout_ms; }
+  BlockStoreCounters counters() const override;
   Status Put(const BlockHash& hash, std::span<const uint8_t> file) override;
   Expected<std::vector<uint8_t>> Get(const BlockHash& hash) override;
   std::vector<StoredBlock> GetMany(std::span<const BlockHash> hashes) override;

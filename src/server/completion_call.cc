@@ -33,8 +33,15 @@ void CompletionCall::OnEvent(const kvserve::TokenEvent& e) {
   Choice& c = choices_[e.choice];
   const auto now = Clock::now();
   cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
-  disk_tokens_ = std::max(disk_tokens_, e.disk_tokens);
-  redis_tokens_ = std::max(redis_tokens_, e.redis_tokens);
+  for (const auto& t : e.tier_tokens) {
+    auto it = std::find_if(tier_tokens_.begin(), tier_tokens_.end(),
+                           [&](const auto& seen) { return seen.tier == t.tier; });
+    if (it == tier_tokens_.end()) {
+      tier_tokens_.push_back(t);
+    } else {
+      it->tokens = std::max(it->tokens, t.tokens);
+    }
+  }
   if (e.token >= 0) {
     if (ttft_s_ < 0) {
       ttft_s_ = std::chrono::duration<double>(now - start_).count();
@@ -165,15 +172,20 @@ void CompletionCall::FinishChoice(int32_t index, const std::string& reason) {
 nlohmann::json CompletionCall::Usage() const {
   int64_t completion = 0;
   for (const Choice& c : choices_) completion += c.tokens;
+  // <tier>_tokens (extensions: disk_tokens, redis_tokens): of the cached ones, those each tier
+  // loaded; every tier the build has is named, 0 where it loaded none or is not on.
+  nlohmann::json details = {{"cached_tokens", cached_tokens_}};
+  for (const std::string& tier : kvserve::TierNames()) {
+    int32_t tokens = 0;
+    for (const auto& t : tier_tokens_) {
+      if (t.tier == tier) tokens = t.tokens;
+    }
+    details[tier + "_tokens"] = tokens;
+  }
   return {{"prompt_tokens", prompt_tokens_},
           {"completion_tokens", completion},
           {"total_tokens", prompt_tokens_ + completion},
-          // disk_tokens, redis_tokens (extensions): of the cached ones, those loaded from
-          // --kv-disk and --kv-redis.
-          {"prompt_tokens_details",
-           {{"cached_tokens", cached_tokens_},
-            {"disk_tokens", disk_tokens_},
-            {"redis_tokens", redis_tokens_}}}};
+          {"prompt_tokens_details", std::move(details)}};
 }
 
 std::string CompletionCall::ChunkJson(const Piece& p) {

@@ -99,8 +99,8 @@ class CompletionCall {
   bool cancel_sent_ = false;
   double ttft_s_ = -1;
   int32_t cached_tokens_ = 0;
-  int32_t disk_tokens_ = 0;   // of those, loaded from the disk tier
-  int32_t redis_tokens_ = 0;  // of those, loaded from the Redis tier
+  // Of those, the ones each tier loaded (the most any event said), by the tier's name.
+  std::vector<kvserve::TokenEvent::TierTokens> tier_tokens_;
   Clock::time_point last_token_;
   bool finished_ = false;  // response written
   std::function<void()> on_engine_done_;

@@ -38,8 +38,8 @@ table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ee
   TTFT p50/p90/p99 <span class="v" id="ttft">-</span> · ITL p50/p90/p99 <span class="v" id="itl">-</span></div>
  <div class="card">running <span class="v" id="n-running">0</span> · waiting <span class="v" id="n-waiting">0</span>
   · requests done <span class="v" id="n-done">0</span></div>
- <div class="card">tiers: disk hits <span class="v" id="disk">0</span> · Redis hits <span class="v" id="redis">0</span>
-  blocks<br>evicted tokens <span class="v" id="evicted">0</span> · preemptions <span class="v" id="preempt">0</span></div>
+ <div class="card">tier hits (blocks): <span class="v" id="tiers">none</span>
+  <br>evicted tokens <span class="v" id="evicted">0</span> · preemptions <span class="v" id="preempt">0</span></div>
 </div>
 <canvas id="map" width="960" height="240"></canvas>
 <div class="card"><table id="requests"><thead><tr><th>request</th><th>prompt</th><th>cached</th>
@@ -81,8 +81,9 @@ function render(st) {
   $("n-waiting").textContent = st.waiting;
   const c = st.counters, now = performance.now();
   $("n-done").textContent = c.request_success_total;
-  $("disk").textContent = c.kv_disk_hits_total;
-  $("redis").textContent = c.kv_redis_hits_total;
+  // One entry per tier the server has, in lookup order (/v1/kv/state's tiers).
+  $("tiers").textContent = st.tiers.length ? st.tiers.map(
+      t => t.tier + " " + t.hits_total + (t.up ? "" : " (down)")).join(" · ") : "none";
   $("evicted").textContent = c.evicted_tokens_total;
   $("preempt").textContent = c.preemptions_total;
   $("hit").textContent = c.prefix_cache_queries_total > 0 ?

@@ -70,6 +70,37 @@ std::string DecodeQueryValue(const std::string& s) {
   return DecodePathSegment(plus);
 }
 
+// Each tier's totals (GET /v1/kv/state's "tiers", in lookup order; -1: not known).
+nlohmann::json TiersJson(const std::vector<kvserve::TierStats>& tiers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const kvserve::TierStats& t : tiers) {
+    out.push_back({{"tier", t.name},
+                   {"up", t.up},
+                   {"hits_total", t.hits},
+                   {"misses_total", t.misses},
+                   {"corrupt_total", t.corrupt},
+                   {"bytes_read_total", t.bytes_read},
+                   {"bytes_written_total", t.bytes_written},
+                   {"blocks_written_total", t.blocks_written},
+                   {"dropped_total", t.dropped},
+                   {"usage_bytes", t.usage_bytes},
+                   {"capacity_bytes", t.capacity_bytes}});
+  }
+  return out;
+}
+
+// counters' kv_<tier>_hits_total (the dashboard's; 0 for a tier that is not on), for every
+// tier the build has.
+void AddTierHits(const std::vector<kvserve::TierStats>& tiers, nlohmann::json* counters) {
+  for (const std::string& name : kvserve::TierNames()) {
+    int64_t hits = 0;
+    for (const kvserve::TierStats& t : tiers) {
+      if (t.name == name) hits = t.hits;
+    }
+    (*counters)["kv_" + name + "_hits_total"] = hits;
+  }
+}
+
 }  // namespace
 
 bool IsKvDocumentPath(const std::string& path) {
@@ -143,7 +174,7 @@ void Server::KvState(http::Response& res) {
            {"blocks", s.blocks}});
     }
   }
-  const nlohmann::json body = {
+  nlohmann::json body = {
       {"object", "kv.state"},
       {"model", model_id_},
       {"block_size", state.block_size},
@@ -164,9 +195,8 @@ void Server::KvState(http::Response& res) {
         {"prefix_cache_queries_total", stats.prefix_cache_queries},
         {"prefix_cache_hits_total", stats.prefix_cache_hits},
         {"preemptions_total", stats.preemptions},
-        {"evicted_tokens_total", stats.evicted_tokens},
-        {"kv_disk_hits_total", stats.kv_disk_hits},
-        {"kv_redis_hits_total", stats.kv_redis_hits}}},
+        {"evicted_tokens_total", stats.evicted_tokens}}},
+      {"tiers", TiersJson(stats.tiers)},
       {"latency",
        {{"ttft_p50_s", m.ttft_p50},
         {"ttft_p90_s", m.ttft_p90},
@@ -174,6 +204,7 @@ void Server::KvState(http::Response& res) {
         {"itl_p50_s", m.itl_p50},
         {"itl_p90_s", m.itl_p90},
         {"itl_p99_s", m.itl_p99}}}};
+  AddTierHits(stats.tiers, &body["counters"]);
   res.body = Dump(body);
 }
 

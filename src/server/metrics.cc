@@ -130,70 +130,80 @@ void RenderCacheGauges(const kvserve::EngineStats& s, std::string* out) {
         static_cast<double>(s.blocks_freed_by_compaction));
 }
 
-// Disk tier (--kv-disk), in blocks and bytes. Hits are blocks loaded instead of recomputed;
-// corrupt ones failed a check and were recomputed; kv_disk_up falls to 0 when the tier turned
-// itself off (a full, read-only or vanished directory) and serving went on without it.
-void RenderKvDiskGauges(const kvserve::EngineStats& s, std::string* out) {
-  Gauge(out, "kv_disk_up", "gauge", "1 while the disk tier writes, 0 once it turned itself off.",
-        s.kv_disk_failed ? 0.0 : 1.0);
-  Gauge(out, "kv_disk_hits_total", "counter", "KV blocks loaded from the disk tier.",
-        static_cast<double>(s.kv_disk_hits));
-  Gauge(out, "kv_disk_misses_total", "counter",
-        "KV blocks past the RAM prefix cache that the disk tier did not hold either.",
-        static_cast<double>(s.kv_disk_misses));
-  Gauge(out, "kv_disk_corrupt_total", "counter",
-        "Stored KV blocks that failed a check (never loaded; removed and recomputed).",
-        static_cast<double>(s.kv_disk_corrupt));
-  Gauge(out, "kv_disk_bytes_read_total", "counter", "Bytes of KV block files read.",
-        static_cast<double>(s.kv_disk_bytes_read));
-  Gauge(out, "kv_disk_read_seconds_total", "counter",
-        "Seconds the loader spent reading, checking and copying blocks into the pool.",
-        s.kv_disk_read_seconds);
-  Gauge(out, "kv_disk_bytes_written_total", "counter", "Bytes of KV block files written.",
-        static_cast<double>(s.kv_disk_bytes_written));
-  Gauge(out, "kv_disk_payload_bytes_written_total", "counter",
-        "KV bytes in the block files written (over kv_disk_bytes_written_total: the codec's "
-        "compression ratio, headers included).",
-        static_cast<double>(s.kv_disk_payload_bytes_written));
-  Gauge(out, "kv_disk_dropped_total", "counter",
-        "KV blocks not written: the write queue was full, or the tier was off.",
-        static_cast<double>(s.kv_disk_dropped));
-  Gauge(out, "kv_disk_usage_bytes", "gauge", "Bytes the disk tier holds.",
-        static_cast<double>(s.kv_disk_usage_bytes));
-  Gauge(out, "kv_disk_capacity_bytes", "gauge", "Bytes the disk tier may hold (--kv-disk-size).",
-        static_cast<double>(s.kv_disk_capacity_bytes));
-}
+// One figure of a tier under the prefix cache; value < 0: the tier does not know it.
+struct TierField {
+  const char* suffix;  // kvserve:kv_tier_<suffix>{tier="<name>"}, and kvserve:kv_<name>_<suffix>
+  const char* type;
+  const char* help;
+  double (*value)(const kvserve::TierStats&);
+};
 
-// Redis tier (--kv-redis). Errors are failed or timed-out commands and connections (each
-// outage also logs one line when it starts and one when Redis answers again); while Redis is
-// down lookups count as misses and writes as dropped, and every request is computed.
-void RenderKvRedisGauges(const kvserve::EngineStats& s, std::string* out) {
-  Gauge(out, "kv_redis_up", "gauge", "1 while the last attempt to reach Redis succeeded.",
-        s.kv_redis_up ? 1.0 : 0.0);
-  Gauge(out, "kv_redis_errors_total", "counter",
-        "Redis commands or connections that failed or timed out.",
-        static_cast<double>(s.kv_redis_errors));
-  Gauge(out, "kv_redis_hits_total", "counter", "KV blocks loaded from Redis.",
-        static_cast<double>(s.kv_redis_hits));
-  Gauge(out, "kv_redis_misses_total", "counter",
-        "KV blocks past the RAM (and disk) prefix that Redis did not hold, or could not be "
-        "asked for.",
-        static_cast<double>(s.kv_redis_misses));
-  Gauge(out, "kv_redis_corrupt_total", "counter",
-        "Values under a block's key that failed a check (never loaded; deleted, recomputed).",
-        static_cast<double>(s.kv_redis_corrupt));
-  Gauge(out, "kv_redis_bytes_read_total", "counter", "Bytes of block values read from Redis.",
-        static_cast<double>(s.kv_redis_bytes_read));
-  Gauge(out, "kv_redis_read_seconds_total", "counter",
-        "Seconds the loader spent asking Redis, checking and copying blocks into the pool.",
-        s.kv_redis_read_seconds);
-  Gauge(out, "kv_redis_bytes_written_total", "counter", "Bytes of block values written to Redis.",
-        static_cast<double>(s.kv_redis_bytes_written));
-  Gauge(out, "kv_redis_blocks_written_total", "counter", "KV blocks written to Redis.",
-        static_cast<double>(s.kv_redis_blocks_written));
-  Gauge(out, "kv_redis_dropped_total", "counter",
-        "KV blocks not written to Redis: the write queue was full, or Redis was down.",
-        static_cast<double>(s.kv_redis_dropped));
+// Every tier reports the same figures, in blocks and bytes. Hits are blocks loaded instead of
+// recomputed; corrupt ones failed a check and were recomputed. up falls to 0 when a disk tier
+// turned itself off (a full, read-only or vanished directory) or Redis cannot be reached; then
+// lookups count as misses and writes as dropped, and every request is computed.
+constexpr TierField kTierFields[] = {
+    {"up", "gauge", "1 while the tier writes and (a remote one) answers, 0 when it is off or down.",
+     [](const kvserve::TierStats& t) { return t.up ? 1.0 : 0.0; }},
+    {"hits_total", "counter", "KV blocks loaded from the tier.",
+     [](const kvserve::TierStats& t) { return double(t.hits); }},
+    {"misses_total", "counter",
+     "KV blocks past the RAM prefix cache (and the tiers asked before) that the tier did not "
+     "hold, or could not be asked for.",
+     [](const kvserve::TierStats& t) { return double(t.misses); }},
+    {"corrupt_total", "counter",
+     "Stored KV blocks that failed a check (never loaded; removed and recomputed).",
+     [](const kvserve::TierStats& t) { return double(t.corrupt); }},
+    {"errors_total", "counter",
+     "Commands or connections that failed or timed out (a local tier: writes it refused).",
+     [](const kvserve::TierStats& t) { return double(t.errors); }},
+    {"bytes_read_total", "counter", "Bytes of stored KV blocks read.",
+     [](const kvserve::TierStats& t) { return double(t.bytes_read); }},
+    {"read_seconds_total", "counter",
+     "Seconds the loader spent reading, checking and copying blocks into the pool.",
+     [](const kvserve::TierStats& t) { return t.read_seconds; }},
+    {"bytes_written_total", "counter", "Bytes of KV blocks written (headers included).",
+     [](const kvserve::TierStats& t) { return double(t.bytes_written); }},
+    {"payload_bytes_written_total", "counter",
+     "KV bytes in the blocks written (over bytes_written_total: the codec's compression ratio).",
+     [](const kvserve::TierStats& t) { return double(t.payload_bytes_written); }},
+    {"blocks_written_total", "counter", "KV blocks written.",
+     [](const kvserve::TierStats& t) { return double(t.blocks_written); }},
+    {"dropped_total", "counter",
+     "KV blocks not written: the write queue was full, the write failed, or the tier was off.",
+     [](const kvserve::TierStats& t) { return double(t.dropped); }},
+    {"usage_bytes", "gauge", "Bytes the tier holds.",
+     [](const kvserve::TierStats& t) { return double(t.usage_bytes); }},
+    {"capacity_bytes", "gauge", "Bytes the tier may hold (--kv-disk-size).",
+     [](const kvserve::TierStats& t) { return double(t.capacity_bytes); }},
+};
+
+// Each figure once, as kvserve:kv_tier_<suffix> with one series per tier (tier="disk", ...),
+// so that a query sums or compares tiers; then, for the dashboards and scripts written before
+// the label, the same values under each tier's own name, kvserve:kv_<tier>_<suffix>.
+void RenderTierGauges(const std::vector<kvserve::TierStats>& tiers, std::string* out) {
+  if (tiers.empty()) return;
+  char line[512];
+  for (const TierField& f : kTierFields) {
+    std::snprintf(line, sizeof line, "# HELP kvserve:kv_tier_%s %s\n# TYPE kvserve:kv_tier_%s %s\n",
+                  f.suffix, f.help, f.suffix, f.type);
+    *out += line;
+    for (const kvserve::TierStats& t : tiers) {
+      if (f.value(t) < 0) continue;
+      std::snprintf(line, sizeof line, "kvserve:kv_tier_%s{tier=\"%s\"} %.9g\n", f.suffix,
+                    t.name.c_str(), f.value(t));
+      *out += line;
+    }
+  }
+  for (const kvserve::TierStats& t : tiers) {
+    for (const TierField& f : kTierFields) {
+      if (f.value(t) < 0) continue;
+      const std::string name = "kv_" + t.name + "_" + f.suffix;
+      const std::string help = std::string(f.help) + " The same as kvserve:kv_tier_" + f.suffix +
+                               "{tier=\"" + t.name + "\"}.";
+      Gauge(out, name.c_str(), f.type, help.c_str(), f.value(t));
+    }
+  }
 }
 
 // What clients cost the HTTP layer: a rise in timeouts or evictions is a slow or flooding
@@ -241,8 +251,7 @@ std::string Metrics::Render(const kvserve::EngineStats& s, const std::string& mo
   Gauge(&out, "request_failure_total", "counter", "Requests that failed or were cancelled.",
         static_cast<double>(requests_failed_));
   RenderCacheGauges(s, &out);
-  if (s.kv_disk) RenderKvDiskGauges(s, &out);
-  if (s.kv_redis) RenderKvRedisGauges(s, &out);
+  RenderTierGauges(s.tiers, &out);
   Gauge(&out, "kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.kv_blocks_total);
   Gauge(&out, "kv_cache_blocks_free", "gauge",
         "KV blocks free to allocate (prefix-cached blocks nobody holds count: /v1/kv/state splits "
