@@ -464,10 +464,7 @@ void Engine::AddDraftsAndForks() {
   }
 }
 
-Status Engine::Execute() {
-  batch_builder_.Build(runs_, copies_, kv_, &batch_);
-  AddDraftsAndForks();
-  KVS_RETURN_IF_ERROR(runner_.Execute(batch_, &output_));
+Status Engine::CheckDraws() const {
   if (output_.sampled.size() != runs_.size()) {
     return Status::Error(
         StrFormat("the runner drew for %zu runs of %zu", output_.sampled.size(), runs_.size()));
@@ -493,9 +490,16 @@ Status Engine::Execute() {
           return Status::Error(StrFormat("the runner drew token %d, outside the vocabulary", t));
         }
       }
-      if (drew.tokens.empty()) return Status::Error("the runner drew no token for a choice");
     }
   }
+  return Status::Ok();
+}
+
+Status Engine::Execute() {
+  batch_builder_.Build(runs_, copies_, kv_, &batch_);
+  AddDraftsAndForks();
+  KVS_RETURN_IF_ERROR(runner_.Execute(batch_, &output_));
+  KVS_RETURN_IF_ERROR(CheckDraws());
   for (size_t i = 0; i < runs_.size(); ++i) {
     // A runner that does not observe attention (a test's fake) leaves the mass as it was.
     if (batch_.runs[i].mass_first_token >= 0 && i < output_.attention_mass.size() &&

@@ -163,6 +163,9 @@ class Engine {
   void ProcessRun(size_t run);
   // The runner's part of a step: the plan as plain data, executed; the observed attention back.
   Status Execute();
+  // Whether the runner's draws fit the runs (one per choice; a verification's accepted drafts
+  // as proposed; tokens in the vocabulary): a runner's fault is an error, never a bad stream.
+  Status CheckDraws() const;
   void FillStepStats(const SchedulePlan& plan, EngineStepStats* stats) const;
   void Finish(Sequence* seq, FinishReason reason, TokenEvent event);
   Sequence* NewSequence(RequestId request, int32_t choice, const RequestOptions& options, SeqId id);
