@@ -179,6 +179,19 @@ if unshare -rm bash -c 'mount -t tmpfs -o ro none "$1"' _ "$TMP/ro" 2>/dev/null;
 else
   echo "skip: a read-only --kv-disk (no user namespace here may mount a read-only tmpfs)"
 fi
+# An immutable --kv-disk (chattr +i: not even root may write it; EPERM, not EROFS) turns the tier
+# off too, where the file system takes the attribute.
+mkdir -p "$TMP/immutable"
+if chattr +i "$TMP/immutable" 2>/dev/null; then
+  "$BIN" generate -m "$MODEL" -p "Once upon a time" -n 4 --temp 0 --kv-disk "$TMP/immutable" \
+    >/dev/null 2>"$TMP/err"
+  rc=$?
+  chattr -i "$TMP/immutable"
+  [ $rc -eq 0 ] && grep -q "not writable (Operation not permitted): the disk tier is off" "$TMP/err" &&
+    pass "an immutable --kv-disk turns the tier off; the run goes on" || fail "immutable --kv-disk: $(cat "$TMP/err")"
+else
+  echo "skip: an immutable --kv-disk (chattr +i is not available here)"
+fi
 "$BIN" kv rm --kv-disk "$DISK" --name lily 2>/dev/null && "$BIN" kv ls --kv-disk "$DISK" --json >"$TMP/ls.json" &&
   [ "$(cat "$TMP/ls.json")" = "[]" ] && pass "kv rm" || fail "kv rm: $(cat "$TMP/ls.json")"
 "$BIN" kv rm --kv-disk "$DISK" --name lily >/dev/null 2>&1

@@ -106,7 +106,9 @@ Expected<std::unique_ptr<KvTier>> OpenRedis(const KvRedisConfig& config,
 std::string ReadOnlyReason(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec == std::errc::read_only_file_system || ec == std::errc::permission_denied) {
+  // EPERM: an immutable directory (chattr +i), which even root may not write.
+  if (ec == std::errc::read_only_file_system || ec == std::errc::permission_denied ||
+      ec == std::errc::operation_not_permitted) {
     return ec.message();
   }
   if (ec) return {};
@@ -114,7 +116,7 @@ std::string ReadOnlyReason(const std::string& dir) {
   if (::statvfs(dir.c_str(), &fs) == 0 && (fs.f_flag & ST_RDONLY) != 0) {
     return "Read-only file system";
   }
-  if (::access(dir.c_str(), W_OK) != 0 && (errno == EROFS || errno == EACCES)) {
+  if (::access(dir.c_str(), W_OK) != 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
     return std::strerror(errno);
   }
   return {};
