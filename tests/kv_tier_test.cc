@@ -382,7 +382,9 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);
   }
   {
-    // Root may write anywhere chmod forbids; /proc/self is a directory nobody may create files in.
+    // Root may write anywhere chmod forbids; /proc/self is a directory nobody may create files in
+    // (EPERM for root, EACCES for others under chmod): the tier is off from the start, as a
+    // read-only --kv-disk is (docs/SECURITY.md), and serving goes on without it.
     SCOPED_TRACE("read-only directory");
     TempDir dir;
     std::string ro = dir.path();
@@ -393,10 +395,9 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     }
     TierEngine e(*model, f16, ro);
     ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e.engine().tier("disk"), nullptr);
     const Served run = e.Serve(prompts);
-    e.engine().FlushTier(true);
     EXPECT_EQ(run.tokens, cold);
-    EXPECT_TRUE(e.engine().tier("disk")->stats().failed);
   }
   {
     SCOPED_TRACE("full disk");

@@ -1,6 +1,7 @@
 // The engine: requests in, tokens out, one step at a time. Each step the scheduler plans, the
-// runner computes the plan as one ragged batch, and the engine samples, streams, forks n > 1
-// requests after their prefill, and retires finished sequences (freeing their blocks).
+// plan goes to the runner as plain data (step_batch.h), the runner computes it and draws the
+// tokens, and the engine commits and streams them, forks n > 1 requests after their prefill, and
+// retires finished sequences (freeing their blocks).
 // Single-threaded: AsyncEngine puts a thread and a thread-safe inbox in front of it.
 // Token callbacks run inside Step() and must not call back into the Engine.
 #pragma once
@@ -140,11 +141,11 @@ class Engine {
 
   // Makes the parent's other choices, with the ids reserved for them when the step was built.
   std::vector<Sequence*> Fork(Sequence* parent, std::span<const SeqId> child_ids);
-  // Appends token (sampled from `logits`, for logprobs) to seq and streams it; retires seq when
-  // it is done. False when seq is gone.
+  // Appends token (the runner's draw, with its logprobs when asked) to seq and streams it;
+  // retires seq when it is done. False when seq is gone.
   bool Emit(Sequence* seq, int32_t token, const SampledLogprobs* logprobs);
   // Speculation (engine_spec.cc): lookahead placeholders before planning, the drafter's tokens
-  // once the plan gave them slots, verification after the pass.
+  // once the plan gave them slots, and after the pass the runner's verification committed.
   void AddLookahead();
   void ProposeDrafts();
   void VerifyAndEmit(Sequence* seq, const SampledTokens& verified);

@@ -1,6 +1,7 @@
 // The engine's speculative decoding: lookahead slots before planning, drafts once the plan gave
-// them slots, and verification after the pass (spec/rejection_sampler.h), which keeps the
-// accepted prefix and rolls the rest back by trimming the block table.
+// them slots, and after the pass the runner's verification (spec/rejection_sampler.h, run by
+// step_sampler.h) committed: the accepted prefix kept, the rest rolled back by trimming the
+// block table.
 #include <algorithm>
 
 #include "core/check.h"
