@@ -107,7 +107,7 @@ TEST(KvEvents, EveryIndexChangeIsPublishedOnceInOrderWithThePrefixCachesHashes) 
   std::map<std::string, std::vector<int32_t>> expected_tokens;  // hash -> the prompt's tokens
   auto serve = [&](int32_t p, int32_t n) {
     const std::vector<int32_t> prompt = Prompt(*model, p, n);
-    const std::vector<BlockHash> hashes = engine.PromptBlockHashes(prompt, {});
+    const std::vector<BlockHash> hashes = engine.kv().HashFullBlocks(prompt, {});
     for (size_t i = 0; i < hashes.size(); ++i) {
       expected_tokens[BlockHashHex(hashes[i])].assign(prompt.begin() + i * bs,
                                                       prompt.begin() + (i + 1) * bs);
@@ -123,12 +123,12 @@ TEST(KvEvents, EveryIndexChangeIsPublishedOnceInOrderWithThePrefixCachesHashes) 
   };
   for (int32_t p = 0; p < 6; ++p) serve(p, 60 + p);  // 6 prompts of 3 full blocks in 19 blocks
   EXPECT_GT(index.removed_, 0);                      // LRU reuse removed some
-  engine.ResetPrefixCache();
+  engine.connectors().ResetPrefixCache();
   check("after /reset_prefix_cache");
   EXPECT_TRUE(index.blocks().empty());
-  engine.FlushTier(/*wait=*/true);
+  engine.connectors().Flush(/*wait=*/true);
   serve(0, 60);  // from disk: its blocks enter the index by a load
-  EXPECT_GT(engine.tier("disk")->stats().hits, 0);
+  EXPECT_GT(engine.connectors().tier("disk")->stats().hits, 0);
 
   // Every prompt block's event carried the prompt's tokens and its chain parent.
   int checked = 0;
@@ -138,7 +138,7 @@ TEST(KvEvents, EveryIndexChangeIsPublishedOnceInOrderWithThePrefixCachesHashes) 
     ++checked;
   }
   EXPECT_GE(checked, 6 * 3);
-  const std::vector<BlockHash> first = engine.PromptBlockHashes(Prompt(*model, 0, 60), {});
+  const std::vector<BlockHash> first = engine.kv().HashFullBlocks(Prompt(*model, 0, 60), {});
   EXPECT_EQ(index.parent(BlockHashHex(first[0])), "");
   EXPECT_EQ(index.parent(BlockHashHex(first[1])), BlockHashHex(first[0]));
   EXPECT_EQ(index.parent(BlockHashHex(first[2])), BlockHashHex(first[1]));

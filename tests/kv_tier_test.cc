@@ -76,8 +76,8 @@ TEST_P(TierIdentity, BlocksFromDiskGiveTheComputedTokens) {
     ASSERT_TRUE(first.ok());
     const Served run = first.Serve(prompts);
     EXPECT_EQ(run.tokens, cold);
-    first.engine().FlushTier(/*wait=*/true);
-    EXPECT_EQ(first.engine().tier("disk")->stats().blocks_written,
+    first.engine().connectors().Flush(/*wait=*/true);
+    EXPECT_EQ(first.engine().connectors().tier("disk")->stats().blocks_written,
               3 * 4);  // the prompts' full blocks
   }
   // A restart: the next engine finds every prompt's blocks on disk, loads them, and computes
@@ -108,7 +108,7 @@ INSTANTIATE_TEST_SUITE_P(EveryKvType, TierIdentity, ::testing::ValuesIn(AllTypeC
 // The file of the first block of prompt under dir.
 std::string FirstBlockFile(Engine& engine, const std::string& dir,
                            const std::vector<int32_t>& prompt, const BlockHash& key = {}) {
-  return dir + "/" + BlockHashHex(engine.PromptBlockHashes(prompt, key).at(0)) + ".kvb";
+  return dir + "/" + BlockHashHex(engine.kv().HashFullBlocks(prompt, key).at(0)) + ".kvb";
 }
 
 std::vector<uint8_t> ReadAll(const std::string& path) {
@@ -137,16 +137,16 @@ TEST(KvTier, TheDiskTierIsAnEntryOfTheListUnderItsLabel) {
     TierEngine first(*model, f16, dir.path());
     ASSERT_TRUE(first.ok());
     first.Serve(prompts);
-    first.engine().FlushTier(/*wait=*/true);
+    first.engine().connectors().Flush(/*wait=*/true);
   }
   TierEngine e(*model, f16, dir.path());
   ASSERT_TRUE(e.ok());
-  ASSERT_EQ(e.engine().tiers().size(), 1u);
-  const KvTier& disk = *e.engine().tiers()[0];
+  ASSERT_EQ(e.engine().connectors().tiers().size(), 1u);
+  const KvTier& disk = *e.engine().connectors().tiers()[0];
   EXPECT_EQ(disk.name(), "disk");
   EXPECT_EQ(disk.index(), 0);
-  EXPECT_EQ(e.engine().tier("disk"), &disk);
-  EXPECT_EQ(e.engine().tier("redis"), nullptr);
+  EXPECT_EQ(e.engine().connectors().tier("disk"), &disk);
+  EXPECT_EQ(e.engine().connectors().tier("redis"), nullptr);
   const Served run = e.Serve(prompts);  // reads tier_tokens[0]
   EXPECT_EQ(run.disk_tokens, (std::vector<int32_t>{64, 64, 64}));
   // A local store knows its size: the figures a shared one leaves at -1.
@@ -172,25 +172,25 @@ TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
   {
     TierEngine e(*model, f32, good.path());
     e.Serve(prompts);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
     good_file = FirstBlockFile(e.engine(), good.path(), prompts[0]);
   }
   {
     TierEngine e(*model, f32, salt.path());
     e.Serve(prompts, salted);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
     salted_file = FirstBlockFile(e.engine(), salt.path(), prompts[0], salted);
   }
   {
     TierEngine e(*model, {KvType::kQ8_0, KvType::kQ8_0}, q8.path());
     e.Serve(prompts);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
     q8_file = FirstBlockFile(e.engine(), q8.path(), prompts[0]);
   }
   if (other_model) {
     TierEngine e(*other_model, f32, other.path());
     e.Serve(prompts);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
     other_file = FirstBlockFile(e.engine(), other.path(), prompts[0]);
   }
   const std::vector<uint8_t> pristine = ReadAll(good_file);
@@ -274,7 +274,7 @@ TEST(KvTier, AnythingWrongOnDiskIsAMissNeverLoaded) {
       EXPECT_EQ(run.tier.hits, 0);  // the chain broke at its first block: nothing loaded
       EXPECT_EQ(run.disk_tokens[0], 0);
       // Recomputed and written again (write-through): the next engine loads all of it.
-      e.engine().FlushTier(true);
+      e.engine().connectors().Flush(true);
       EXPECT_EQ(ReadAll(victim), pristine);
     }
   }
@@ -293,8 +293,8 @@ TEST(KvTier, EveryBadBlockOfAChainIsFoundInOnePass) {
   {
     TierEngine e(*model, f16, dir.path());
     e.Serve(prompts);
-    e.engine().FlushTier(true);
-    hashes = e.engine().PromptBlockHashes(prompts[0], {});
+    e.engine().connectors().Flush(true);
+    hashes = e.engine().kv().HashFullBlocks(prompts[0], {});
   }
   ASSERT_EQ(hashes.size(), 4u);
   for (const BlockHash& h : hashes) {
@@ -309,7 +309,7 @@ TEST(KvTier, EveryBadBlockOfAChainIsFoundInOnePass) {
     EXPECT_EQ(run.tokens, cold);
     EXPECT_EQ(run.tier.corrupt, 4);
     EXPECT_EQ(run.tier.hits, 0);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
   }
   TierEngine e(*model, f16, dir.path());
   const Served run = e.Serve(prompts);
@@ -331,7 +331,7 @@ TEST(KvTier, ANameHeldByADirectoryCostsThatBlockOnly) {
   {
     TierEngine e(*model, f16, dir.path());
     e.Serve(prompts);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
     victim = FirstBlockFile(e.engine(), dir.path(), prompts[0]);
   }
   for (bool running : {true, false}) {
@@ -347,10 +347,10 @@ TEST(KvTier, ANameHeldByADirectoryCostsThatBlockOnly) {
     for (int pass = 0; pass < 6; ++pass) {  // more passes than failures that stop a tier
       const Served run = e.Serve(prompts);
       EXPECT_EQ(run.tokens, cold);
-      e.engine().ResetPrefixCache();
-      e.engine().tier("disk")->WaitForWrites(10000);
+      e.engine().connectors().ResetPrefixCache();
+      e.engine().connectors().tier("disk")->WaitForWrites(10000);
     }
-    const KvTierStats s = e.engine().tier("disk")->stats();
+    const KvTierStats s = e.engine().connectors().tier("disk")->stats();
     EXPECT_FALSE(s.failed);
     EXPECT_EQ(s.corrupt, 1);
     EXPECT_EQ(s.hits, 0);  // the chain's first block: nothing after it loads either
@@ -375,11 +375,12 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     ASSERT_TRUE(e.ok());
     fs::remove_all(dir.path() + "/store");
     const Served run = e.Serve(prompts);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
     EXPECT_EQ(run.tokens, cold);
-    EXPECT_TRUE(e.engine().tier("disk")->stats().failed);
-    EXPECT_FALSE(e.engine().tier("disk")->stats().up);  // kvserve:kv_tier_up{tier="disk"} 0
-    EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);
+    EXPECT_TRUE(e.engine().connectors().tier("disk")->stats().failed);
+    EXPECT_FALSE(
+        e.engine().connectors().tier("disk")->stats().up);  // kvserve:kv_tier_up{tier="disk"} 0
+    EXPECT_EQ(e.engine().connectors().tier("disk")->stats().blocks_written, 0);
   }
   {
     // Root may write anywhere chmod forbids; /proc/self is a directory nobody may create files in
@@ -395,7 +396,7 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     }
     TierEngine e(*model, f16, ro);
     ASSERT_TRUE(e.ok());
-    EXPECT_EQ(e.engine().tier("disk"), nullptr);
+    EXPECT_EQ(e.engine().connectors().tier("disk"), nullptr);
     const Served run = e.Serve(prompts);
     EXPECT_EQ(run.tokens, cold);
   }
@@ -410,11 +411,11 @@ TEST(KvTier, UnwritableStoreTurnsTheTierOffAndServingGoesOn) {
     small.rlim_cur = 1000;  // smaller than any block file
     ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
     const Served run = e.Serve(prompts);
-    e.engine().FlushTier(true);
+    e.engine().connectors().Flush(true);
     ::setrlimit(RLIMIT_FSIZE, &old);
     EXPECT_EQ(run.tokens, cold);
-    EXPECT_TRUE(e.engine().tier("disk")->stats().failed);
-    EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);
+    EXPECT_TRUE(e.engine().connectors().tier("disk")->stats().failed);
+    EXPECT_EQ(e.engine().connectors().tier("disk")->stats().blocks_written, 0);
   }
 }
 
@@ -436,26 +437,27 @@ TEST(KvTier, BlocksThatLeftRamComeBackFromDisk) {
     TierEngine e(*model, f16, dir.path(), 13, tier);
     ASSERT_TRUE(e.ok());
     Served run = e.Serve({prompts[0]});
-    const int64_t written_after_one = e.engine().tier("disk")->stats().blocks_written;
+    const int64_t written_after_one = e.engine().connectors().tier("disk")->stats().blocks_written;
     if (policy == KvDiskPolicy::kWriteBack) {
-      e.engine().tier("disk")->WaitForWrites(10000);
-      EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 0);  // all of it still in RAM
+      e.engine().connectors().tier("disk")->WaitForWrites(10000);
+      EXPECT_EQ(e.engine().connectors().tier("disk")->stats().blocks_written,
+                0);  // all of it still in RAM
     } else {
-      e.engine().tier("disk")->WaitForWrites(10000);
-      EXPECT_EQ(e.engine().tier("disk")->stats().blocks_written, 4);
+      e.engine().connectors().tier("disk")->WaitForWrites(10000);
+      EXPECT_EQ(e.engine().connectors().tier("disk")->stats().blocks_written, 4);
     }
     (void)written_after_one;
     // Three other prompts push the first out of the pool; then it comes back from disk.
     run = e.Serve({prompts[1], prompts[2], prompts[3]});
     EXPECT_EQ(run.tokens, std::vector<std::vector<int32_t>>(cold.begin() + 1, cold.end()));
-    e.engine().tier("disk")->WaitForWrites(10000);
+    e.engine().connectors().tier("disk")->WaitForWrites(10000);
     run = e.Serve({prompts[0]});
     EXPECT_EQ(run.tokens[0], cold[0]);
     EXPECT_EQ(run.disk_tokens[0], 64);
     // A reset of the prefix cache drops RAM's copy; the disk's serves it again.
-    e.engine().ResetPrefixCache();
-    e.engine().tier("disk")->WaitForWrites(10000);
-    const int64_t hits = e.engine().tier("disk")->stats().hits;
+    e.engine().connectors().ResetPrefixCache();
+    e.engine().connectors().tier("disk")->WaitForWrites(10000);
+    const int64_t hits = e.engine().connectors().tier("disk")->stats().hits;
     run = e.Serve({prompts[0]});
     EXPECT_EQ(run.tokens[0], cold[0]);
     EXPECT_EQ(run.tier.hits, hits + 4);
@@ -474,7 +476,7 @@ TEST(KvTier, APromptThatWaitsForRoomIsLoadedOnceRoomFreesUp) {
   ASSERT_TRUE(e.ok());
   e.Serve({prompts[0]});
   e.Serve({prompts[1], prompts[2], prompts[3]});  // prompt 0 leaves RAM; its 4 blocks stay on disk
-  e.engine().tier("disk")->WaitForWrites(10000);
+  e.engine().connectors().tier("disk")->WaitForWrites(10000);
   // A long answer takes every block of the pool ...
   RequestOptions long_answer;
   long_answer.max_tokens = 120;  // 70 + 120 tokens: all 12 blocks

@@ -489,7 +489,7 @@ class Replica {
       int32_t redis = -1;
       auto id = engine().Submit(prompt, o, [&](const TokenEvent& e) {
         if (e.token >= 0) out.push_back(e.token);
-        if (redis < 0) redis = e.tier_tokens[engine().tier("redis")->index()];
+        if (redis < 0) redis = e.tier_tokens[engine().connectors().tier("redis")->index()];
       });
       EXPECT_TRUE(id.ok()) << id.error();
       for (int i = 0; i < 100000 && engine().HasWork(); ++i) EXPECT_TRUE(engine().Step().ok());
@@ -498,7 +498,7 @@ class Replica {
     }
     return run;
   }
-  KvTierStats stats() { return engine().tier("redis")->stats(); }
+  KvTierStats stats() { return engine().connectors().tier("redis")->stats(); }
 
  private:
   ThreadPool pool_;
@@ -519,7 +519,7 @@ TEST(RedisTier, AReplicaLoadsWhatAnotherComputedAndFindsTheSameTokens) {
 
   Replica a(*model, server.url());
   EXPECT_EQ(a.Serve(prompts).tokens, reference.tokens);
-  a.engine().FlushTier(/*wait=*/true);
+  a.engine().connectors().Flush(/*wait=*/true);
   EXPECT_EQ(a.stats().blocks_written, 3 * 4);  // each prompt's four full blocks
   Replica b(*model, server.url());
   const Served shared = b.Serve(prompts);
@@ -540,12 +540,12 @@ TEST(RedisTier, TiersAreAskedInOrderAndCountedUnderTheirOwnLabels) {
   const auto prompts = Prompts(*model);
   testing::TempDir disk_a, disk_b;
   Replica a(*model, server.url(), 0, disk_a.path());
-  ASSERT_EQ(a.engine().tiers().size(), 2u);
-  EXPECT_EQ(a.engine().tiers()[0]->name(), "disk");
-  EXPECT_EQ(a.engine().tiers()[1]->name(), "redis");
-  EXPECT_EQ(a.engine().tier("redis")->index(), 1);
+  ASSERT_EQ(a.engine().connectors().tiers().size(), 2u);
+  EXPECT_EQ(a.engine().connectors().tiers()[0]->name(), "disk");
+  EXPECT_EQ(a.engine().connectors().tiers()[1]->name(), "redis");
+  EXPECT_EQ(a.engine().connectors().tier("redis")->index(), 1);
   a.Serve(prompts);
-  a.engine().FlushTier(/*wait=*/true);
+  a.engine().connectors().Flush(/*wait=*/true);
   // B's disk is empty: the disk misses and Redis loads, under its own index.
   Replica b(*model, server.url(), 0, disk_b.path());
   std::vector<std::vector<int32_t>> loaded;  // per prompt: [disk, redis] tokens
@@ -564,8 +564,8 @@ TEST(RedisTier, TiersAreAskedInOrderAndCountedUnderTheirOwnLabels) {
     loaded.push_back(first);
   }
   EXPECT_EQ(loaded, (std::vector<std::vector<int32_t>>(3, {0, 64})));
-  const KvTierStats disk = b.engine().tier("disk")->stats();
-  const KvTierStats redis = b.engine().tier("redis")->stats();
+  const KvTierStats disk = b.engine().connectors().tier("disk")->stats();
+  const KvTierStats redis = b.engine().connectors().tier("redis")->stats();
   EXPECT_EQ(disk.hits, 0);
   EXPECT_EQ(disk.misses, 12);
   EXPECT_EQ(redis.hits, 12);
@@ -590,7 +590,7 @@ TEST(RedisTier, ReplicasShareTransformCodedBlocksAndAnotherBudgetLoadsNone) {
 
   Replica a(*model, server.url(), 2);
   EXPECT_EQ(a.Serve(prompts).tokens, reference.tokens);  // computed: nothing was stored yet
-  a.engine().FlushTier(/*wait=*/true);
+  a.engine().connectors().Flush(/*wait=*/true);
   const KvTierStats written = a.stats();
   EXPECT_EQ(written.blocks_written, 3 * 4);
   EXPECT_LT(written.bytes_written * 4, written.payload_bytes_written);
@@ -619,14 +619,14 @@ TEST(RedisTier, AnotherBlocksBytesOrGarbageUnderAKeyIsRecomputedNeverLoaded) {
   const auto prompts = Prompts(*model);
   Replica a(*model, server.url());
   const Served reference = a.Serve(prompts);
-  a.engine().FlushTier(/*wait=*/true);
+  a.engine().connectors().Flush(/*wait=*/true);
   auto store = OpenStore(server.url());
   ASSERT_NE(store, nullptr);
   // Prompt 0's first block gets prompt 1's first block's (valid, checksummed) bytes; prompt 1's
   // second block gets garbage; prompt 2's third block a list.
-  const auto h0 = a.engine().PromptBlockHashes(prompts[0], {});
-  const auto h1 = a.engine().PromptBlockHashes(prompts[1], {});
-  const auto h2 = a.engine().PromptBlockHashes(prompts[2], {});
+  const auto h0 = a.engine().kv().HashFullBlocks(prompts[0], {});
+  const auto h1 = a.engine().kv().HashFullBlocks(prompts[1], {});
+  const auto h2 = a.engine().kv().HashFullBlocks(prompts[2], {});
   auto other = store->Get(h1[0]);
   ASSERT_TRUE(other.ok()) << other.error();
   ASSERT_TRUE(store->Put(h0[0], *other).ok());
@@ -640,7 +640,7 @@ TEST(RedisTier, AnotherBlocksBytesOrGarbageUnderAKeyIsRecomputedNeverLoaded) {
   EXPECT_EQ(run.redis_tokens, (std::vector<int32_t>{0, 16, 32}));
   EXPECT_EQ(b.stats().corrupt, 3);
   // The bad values were deleted, and the recompute wrote the right ones back.
-  b.engine().FlushTier(/*wait=*/true);
+  b.engine().connectors().Flush(/*wait=*/true);
   Replica c(*model, server.url());
   EXPECT_EQ(c.Serve(prompts).redis_tokens, (std::vector<int32_t>{64, 64, 64}));
 }
@@ -653,7 +653,7 @@ TEST(RedisTier, RedisKilledMidRunCostsReuseNotRequests) {
   const auto prompts = Prompts(*model);
   Replica a(*model, server.url());
   const Served reference = a.Serve(prompts);
-  a.engine().FlushTier(/*wait=*/true);
+  a.engine().connectors().Flush(/*wait=*/true);
   Replica b(*model, server.url());
   server.Kill();
   const Served down = b.Serve(prompts);

@@ -211,8 +211,8 @@ TEST_P(TransformCodecEveryType, DiskRestartGivesTheInMemoryRoundTripTokens) {
     TierEngine first(*model, types, dir.path(), 64, TransformTier(2));
     ASSERT_TRUE(first.ok());
     first.Serve(prompts);
-    first.engine().FlushTier(/*wait=*/true);
-    const KvTierStats s = first.engine().tier("disk")->stats();
+    first.engine().connectors().Flush(/*wait=*/true);
+    const KvTierStats s = first.engine().connectors().tier("disk")->stats();
     EXPECT_EQ(s.blocks_written, 2 * 4);
     // The payload is coded (f16-equivalent 2 bits per element: 8x smaller than f16), and the
     // files are smaller than the pool's bytes of the blocks.
@@ -396,7 +396,7 @@ TEST(TransformCodec, EngineWithAnotherCodecLoadsNothing) {
       TierEngine first(*model, f16, dir.path(), 64, TransformTier(2));
       ASSERT_TRUE(first.ok());
       first.Serve(prompts);
-      first.engine().FlushTier(true);
+      first.engine().connectors().Flush(true);
     }
     TierEngine second(*model, f16, dir.path(), 64, reader);
     ASSERT_TRUE(second.ok());
@@ -407,7 +407,7 @@ TEST(TransformCodec, EngineWithAnotherCodecLoadsNothing) {
     EXPECT_GT(run.tier.misses, 0);
     EXPECT_EQ(run.disk_tokens, (std::vector<int32_t>{0, 0}));
     // Rewritten in the second engine's codec: a third engine of its settings loads them all.
-    second.engine().FlushTier(true);
+    second.engine().connectors().Flush(true);
     TierEngine third(*model, f16, dir.path(), 64, reader);
     const Served again = third.Serve(prompts);
     EXPECT_EQ(again.tier.hits, 2 * 4);

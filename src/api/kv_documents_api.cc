@@ -119,7 +119,7 @@ kvs::Status DocumentBlocks(Engine::Impl& impl, const std::vector<int32_t>& promp
                            const kvs::BlockHash& cache_key, std::vector<kvs::BlockHash>* hashes) {
   const size_t block_size = static_cast<size_t>(impl.options.block_size);
   return WaitForLoop(impl.engine->RunOnLoop([&](kvs::Engine& e) {
-    *hashes = e.PromptBlockHashes(prompt, cache_key);
+    *hashes = e.kv().HashFullBlocks(prompt, cache_key);
     // Whole blocks before the last token: what a later prompt's match can use.
     hashes->resize(std::min(hashes->size(), (prompt.size() - 1) / block_size));
   }));
@@ -157,12 +157,14 @@ int32_t Engine::ResetPrefixCache() {
     // With tiers, what RAM drops is in them first: offers (write-back) on the loop thread, the
     // wait for each tier's writer here (decodes go on meanwhile), then the drop.
     if (!impl_->engine->tiers().empty()) {
-      impl_->engine->RunOnLoop([](kvs::Engine& e) { e.FlushTier(/*wait=*/false); }).get();
+      impl_->engine->RunOnLoop([](kvs::Engine& e) { e.connectors().Flush(/*wait=*/false); }).get();
       for (const auto& tier : impl_->engine->tiers()) {
         tier->WaitForWrites(tier->config().flush_timeout_ms);
       }
     }
-    impl_->engine->RunOnLoop([&dropped](kvs::Engine& e) { dropped = e.ResetPrefixCache(); }).get();
+    impl_->engine
+        ->RunOnLoop([&dropped](kvs::Engine& e) { dropped = e.connectors().ResetPrefixCache(); })
+        .get();
   } catch (const std::future_error&) {
     return 0;  // shutting down
   }
@@ -213,8 +215,8 @@ bool Engine::SaveKvDocument(const std::string& name, std::vector<int32_t> tokens
     return false;
   }
   // The offer of the blocks to the writer (write-back) is the loop thread's.
-  auto offered =
-      impl_->engine->RunOnLoop([&](kvs::Engine& e) { e.tier("disk")->Persist(e.kv(), hashes); });
+  auto offered = impl_->engine->RunOnLoop(
+      [&](kvs::Engine& e) { e.connectors().tier("disk")->Persist(e.kv(), hashes); });
   if (auto st = WaitForLoop(std::move(offered)); !st.ok()) {
     *error = st.message();
     return false;

@@ -21,12 +21,12 @@ bool Engine::LookupKvPrefix(const std::vector<int32_t>& tokens, const std::strin
     impl_->engine
         ->RunOnLoop([&](kvs::Engine& e) {
           out->block_size = e.kv().block_size();
-          hashes = e.PromptBlockHashes(tokens, key);
+          hashes = e.kv().HashFullBlocks(tokens, key);
           while (in_ram < static_cast<int32_t>(hashes.size()) &&
                  e.kv().CachedBlock(hashes[in_ram])) {
             ++in_ram;
           }
-          if (const kvs::KvTier* tier = e.tier("disk")) {
+          if (const kvs::KvTier* tier = e.connectors().tier("disk")) {
             while (in_ram + on_disk < static_cast<int32_t>(hashes.size()) &&
                    tier->store().Contains(hashes[in_ram + on_disk])) {
               ++on_disk;

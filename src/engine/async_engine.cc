@@ -13,7 +13,7 @@ AsyncEngine::AsyncEngine(const EngineConfig& config, std::unique_ptr<StepRunner>
       after_step_(std::move(after_step)),
       spec_(std::move(spec)),
       engine_(config, *runner_, spec_.drafter.get(), std::move(eviction_policy)) {
-  for (auto& tier : tiers) engine_.AttachTier(std::move(tier));
+  for (auto& tier : tiers) engine_.connectors().AttachTier(std::move(tier));
   load_.usable_blocks = engine_.kv().num_usable_blocks();
   load_.free_blocks = engine_.kv().num_free_blocks();
   thread_ = std::thread([this] { Loop(); });
@@ -130,11 +130,11 @@ void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
 void AsyncEngine::Stop() {
   engine_.CancelAll();
   if (after_step_) after_step_();
-  if (!engine_.tiers().empty()) FlushTiers();
+  if (!engine_.connectors().tiers().empty()) FlushTiers();
 }
 
 void AsyncEngine::FlushTiers() {
-  for (const auto& tier : engine_.tiers()) {
+  for (const auto& tier : engine_.connectors().tiers()) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t offered = tier->Flush(engine_.kv(), /*wait=*/true);
     const KvTierStats s = tier->stats();

@@ -59,7 +59,7 @@ class AsyncEngine {
   // Cancels every request queued or running before the next step.
   void CancelAll();
   // Cancels everything still queued or running, writes what the tiers lack (bounded:
-  // Engine::FlushTier) and stops the loop thread.
+  // KvConnectors::Flush) and stops the loop thread.
   void Shutdown();
   // Runs task on the loop thread between steps (what must touch the engine's state: the prefix
   // cache, the disk tier's offers); the future is ready when it ran. After Shutdown the task
@@ -67,8 +67,8 @@ class AsyncEngine {
   std::future<void> RunOnLoop(std::function<void(Engine&)> task);
   // The tiers in the order they are asked, and the one labelled name (null: none); a tier's
   // stats() and WaitForWrites may be called from any thread.
-  const KvTiers& tiers() const { return engine_.tiers(); }
-  KvTier* tier(std::string_view name) const { return engine_.tier(name); }
+  const KvTiers& tiers() const { return engine_.connectors().tiers(); }
+  KvTier* tier(std::string_view name) const { return engine_.connectors().tier(name); }
 
   EngineLoad load() const;
   const EngineConfig& config() const { return engine_.config(); }

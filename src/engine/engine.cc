@@ -70,20 +70,11 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter,
                  kv_),
       drafter_(drafter),
       spec_policy_(config.spec),
-      evictor_(config.eviction, PolicyOrDefault(config.eviction, std::move(eviction_policy))) {
+      evictor_(config.eviction, PolicyOrDefault(config.eviction, std::move(eviction_policy))),
+      connectors_(kv_) {
   KVS_CHECK(config.Validate().ok());
   kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
-  kv_.set_uncache_listener([this](BlockId id, const BlockHash& hash, bool reused) {
-    for (auto& t : tiers_) {
-      t->OnUncache(id, hash, reused);
-    }
-    if (events_) events_->Removed(hash);
-  });
-  kv_.set_index_listener([this](BlockId, const BlockHash& hash, const BlockHash& parent,
-                                std::span<const int32_t> tokens) {
-    if (events_) events_->Stored(hash, parent, tokens);
-  });
-  if (config.kv_event_sink) AttachEventSink(config.kv_event_sink);
+  if (config.kv_event_sink) connectors_.AttachEventSink(config.kv_event_sink);
 }
 
 Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const RequestOptions& o) const {
@@ -279,13 +270,7 @@ bool Engine::Emit(Sequence* seq, int32_t token, const SampledLogprobs* logprobs)
   const RequestOptions& o = requests_.at(seq->request).options;
   TokenEvent event{seq->request, seq->choice, token, false, FinishReason::kNone, {}, 0.f, {}};
   event.cached_tokens = std::max(0, seq->cached_tokens);
-  // Each tier's loaded tokens, capped in lookup order so that together they never exceed the
-  // cached ones (a preempted sequence's reload counts once).
-  int32_t left = event.cached_tokens;
-  for (size_t i = 0; i < tiers_.size(); ++i) {
-    event.tier_tokens[i] = std::min(seq->tier_tokens[i], left);
-    left -= event.tier_tokens[i];
-  }
+  connectors_.FillTierTokens(*seq, event.cached_tokens, &event.tier_tokens);
   if (logprobs != nullptr) {
     event.logprob = logprobs->logprob;
     event.top_logprobs = logprobs->top;
@@ -307,64 +292,14 @@ bool Engine::Emit(Sequence* seq, int32_t token, const SampledLogprobs* logprobs)
   return true;
 }
 
-void Engine::AttachTier(std::unique_ptr<KvTier> tier) {
-  KVS_CHECK(tiers_.size() < static_cast<size_t>(kMaxTiers));
-  tier->set_index(static_cast<int>(tiers_.size()));
-  tiers_.push_back(std::move(tier));
-}
-
-KvTier* Engine::tier(std::string_view name) const {
-  for (const auto& t : tiers_) {
-    if (t->name() == name) return t.get();
-  }
-  return nullptr;
-}
-
-void Engine::AttachEventSink(KvEventSink* sink) {
-  events_ = std::make_unique<KvEventLog>(sink, kv_.block_size());
-  // A router may know this replica from before a restart: whatever it indexed is gone.
-  events_->AllCleared();
-  events_->Flush();
-}
-
-int64_t Engine::FlushTier(bool wait) {
-  int64_t offered = 0;
-  for (auto& t : tiers_) {
-    offered += t->Flush(kv_, wait);
-  }
-  return offered;
-}
-
-void Engine::TiersAfterCommit(Sequence& seq) {
-  for (auto& t : tiers_) {
-    t->AfterCommit(seq, kv_);
-  }
-}
-
-int32_t Engine::ResetPrefixCache() {
-  FlushTier(/*wait=*/false);  // write-back: what leaves RAM goes to the tiers first
-  const int32_t dropped = kv_.DropFreeCachedBlocks();
-  if (events_) events_->Flush();
-  return dropped;
-}
-
-std::vector<BlockHash> Engine::PromptBlockHashes(const std::vector<int32_t>& tokens,
-                                                 const BlockHash& cache_key) const {
-  std::vector<BlockHash> hashes;
-  kv_.HashFullBlocks(tokens.data(), static_cast<int32_t>(tokens.size()), cache_key, &hashes);
-  return hashes;
-}
-
 void Engine::TiersBeforePlan() {
-  for (auto& t : tiers_) {
-    t->BeforePlan(
-        kv_, scheduler_.waiting(),
-        [this](SeqId id) -> Sequence* {
-          auto it = sequences_.find(id);
-          return it == sequences_.end() ? nullptr : it->second.get();
-        },
-        step_cost_.ready() ? step_cost_.per_token() : 0);
-  }
+  connectors_.BeforePlan(
+      scheduler_.waiting(),
+      [this](SeqId id) -> Sequence* {
+        auto it = sequences_.find(id);
+        return it == sequences_.end() ? nullptr : it->second.get();
+      },
+      step_cost_.ready() ? step_cost_.per_token() : 0);
 }
 
 void Engine::SetStepTarget() {
@@ -374,16 +309,6 @@ void Engine::SetStepTarget() {
     // rather than switch the rule off just before a prompt arrives.
     if (const int32_t overhead = step_cost_.OverheadTokens(); overhead > 0) {
       scheduler_.set_step_overhead_tokens(overhead);
-    }
-  }
-}
-
-void Engine::WaitForTierLoad() {
-  // Nothing to compute but a load from a tier: wait for it here rather than spin.
-  for (auto& t : tiers_) {
-    if (t->loads_outstanding()) {
-      t->WaitForLoad(5);
-      break;
     }
   }
 }
@@ -402,7 +327,7 @@ void Engine::ProcessRun(size_t i) {
   if (seq->n_evicted == 0) {
     kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
     kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed, seq->tokens);
-    TiersAfterCommit(*seq);
+    connectors_.AfterCommit(*seq);
   }
   if (r.n_logits == 0) {
     EvictIfDue(seq, EvictionPoint::kPrefillChunk);
@@ -514,11 +439,9 @@ Status Engine::Step(EngineStepStats* stats) {
   // The step's changes of the prefix index (and those of tasks run between steps) go out as one
   // batch when it returns, whichever way it returns.
   struct FlushEvents {
-    KvEventLog* log;
-    ~FlushEvents() {
-      if (log) log->Flush();
-    }
-  } flush_events{events_.get()};
+    KvConnectors& connectors;
+    ~FlushEvents() { connectors.FlushEvents(); }
+  } flush_events{connectors_};
   TiersBeforePlan();
   if (drafter_) AddLookahead();
   const double step_start = clock_();
@@ -526,7 +449,7 @@ Status Engine::Step(EngineStepStats* stats) {
   const SchedulePlan plan = scheduler_.Plan();
   if (stats) *stats = EngineStepStats{};
   if (plan.empty()) {
-    WaitForTierLoad();
+    connectors_.WaitForLoad();
     return Status::Ok();
   }
   copies_.clear();

@@ -16,8 +16,7 @@
 
 #include "core/status.h"
 #include "engine/evictor.h"
-#include "engine/kv_event_log.h"
-#include "engine/kv_tier.h"
+#include "engine/kv_connectors.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/spec/drafter.h"
@@ -112,25 +111,9 @@ class Engine {
   void set_clock(std::function<double()> now_seconds) { clock_ = std::move(now_seconds); }
   const StepCostModel& step_cost() const { return step_cost_; }
 
-  // A tier under the prefix cache (kv_tier.h), asked after those attached before it (the
-  // builder attaches disk, then Redis). Attach before the first step; at most kMaxTiers.
-  void AttachTier(std::unique_ptr<KvTier> tier);
-  // Publishes every change of the prefix index to sink (KV events; null: none), starting with
-  // AllBlocksCleared. The sink outlives the engine. Attach before the first step.
-  void AttachEventSink(KvEventSink* sink);
-  // The tiers, in the order they are asked; a TokenEvent's tier_tokens follow it.
-  const KvTiers& tiers() const { return tiers_; }
-  // The tier labelled name ("disk", "redis"); null: none.
-  KvTier* tier(std::string_view name) const;
-  // Writes every indexed block a tier lacks; when wait, waits for the writes (bounded: each
-  // tier's flush timeout). SIGTERM's last act. Returns the blocks offered.
-  int64_t FlushTier(bool wait);
-  // Drops the prefix cache's blocks nobody holds (vLLM's /reset_prefix_cache; under write-back
-  // they are offered to the disk tier first). Returns how many were dropped.
-  int32_t ResetPrefixCache();
-  // The chain hashes of the full blocks of tokens under cache_key (empty without prefix caching).
-  std::vector<BlockHash> PromptBlockHashes(const std::vector<int32_t>& tokens,
-                                           const BlockHash& cache_key) const;
+  // The tiers under the prefix cache and its KV events (kv_connectors.h).
+  KvConnectors& connectors() { return connectors_; }
+  const KvConnectors& connectors() const { return connectors_; }
 
  private:
   struct RequestState {
@@ -154,13 +137,10 @@ class Engine {
   // finished seq.
   bool EvictIfDue(Sequence* seq, EvictionPoint point);
   void Finish(Sequence* seq, FinishReason reason, int32_t token, const std::string& error = {});
-  // The sequence committed blocks: every tier offers them for writing.
-  void TiersAfterCommit(Sequence& seq);
-  // Step's parts, in its order: the tiers' lookups and loads, the stall-free step target, a wait
-  // on a tier's load when there is nothing else to do, one run's results, the step's stats.
+  // Step's parts, in its order: the tiers' lookups and loads, the stall-free step target, one
+  // run's results, the step's stats.
   void TiersBeforePlan();
   void SetStepTarget();
-  void WaitForTierLoad();
   void ProcessRun(size_t run);
   // The runner's part of a step: the plan as plain data, executed; the observed attention back.
   Status Execute();
@@ -199,9 +179,7 @@ class Engine {
   std::vector<std::vector<SeqId>> fork_ids_;  // per run: the ids its forks were given
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
   Evictor evictor_;
-  // Asked in this order; after kv_: their listener is set on kv_.
-  KvTiers tiers_;
-  std::unique_ptr<KvEventLog> events_;  // null: no KV events
+  KvConnectors connectors_;  // after kv_: it listens to kv_'s prefix index
   int64_t evicted_tokens_ = 0, compactions_ = 0, blocks_freed_by_compaction_ = 0;
 };
 

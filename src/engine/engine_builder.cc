@@ -135,7 +135,7 @@ Expected<LocalEngine> EngineBuilder::Local(const EngineConfig& config) {
   if (!tiers.ok()) return tiers.status();
   local.engine =
       std::make_unique<Engine>(config, *local.runner, local.spec.drafter.get(), std::move(*policy));
-  for (auto& tier : *tiers) local.engine->AttachTier(std::move(tier));
+  for (auto& tier : *tiers) local.engine->connectors().AttachTier(std::move(tier));
   calibration_runs_.Clear();  // every calibration is made: its prefill goes
   return local;
 }

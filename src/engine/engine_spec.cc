@@ -144,7 +144,7 @@ void Engine::VerifyAndEmit(Sequence* seq, const SampledTokens& verified) {
   KVS_CHECK(kv_.Truncate(seq->id, seq->n_computed).ok());
   kv_.HashFullBlocks(seq->tokens.data(), seq->n_committed(), seq->cache_key, &seq->block_hashes);
   kv_.CommitFullBlocks(seq->id, seq->block_hashes, seq->n_computed, seq->tokens);
-  TiersAfterCommit(*seq);
+  connectors_.AfterCommit(*seq);
   // Emit appends the accepted drafts again one at a time, each with its own logprobs, and
   // stops at the first that ends the request (stop token, max_tokens, context).
   seq->tokens.resize(base);

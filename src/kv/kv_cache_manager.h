@@ -145,6 +145,12 @@ class KvCacheManager {
   // the list as it is while prefix caching is off.
   void HashFullBlocks(const int32_t* tokens, int32_t n, const BlockHash& key,
                       std::vector<BlockHash>* hashes) const;
+  std::vector<BlockHash> HashFullBlocks(std::span<const int32_t> tokens,
+                                        const BlockHash& key) const {
+    std::vector<BlockHash> hashes;
+    HashFullBlocks(tokens.data(), static_cast<int32_t>(tokens.size()), key, &hashes);
+    return hashes;
+  }
   // The longest cached prefix of n tokens whose full blocks have the given chain hashes (from
   // HashFullBlocks; entries past the blocks a match may use are ignored).
   PrefixMatch Match(std::span<const BlockHash> hashes, int32_t n) const;

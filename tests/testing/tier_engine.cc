@@ -35,7 +35,9 @@ Served TierEngine::Serve(const std::vector<std::vector<int32_t>>& prompts, const
     auto id = engine().Submit(prompt, o, [&](const TokenEvent& e) {
       if (e.token >= 0) out.push_back(e.token);
       if (disk < 0)
-        disk = engine().tier("disk") ? e.tier_tokens[engine().tier("disk")->index()] : 0;
+        disk = engine().connectors().tier("disk")
+                   ? e.tier_tokens[engine().connectors().tier("disk")->index()]
+                   : 0;
     });
     EXPECT_TRUE(id.ok()) << id.error();
     for (int i = 0; i < 10000 && engine().HasWork(); ++i) EXPECT_TRUE(engine().Step().ok());
@@ -43,7 +45,7 @@ Served TierEngine::Serve(const std::vector<std::vector<int32_t>>& prompts, const
     run.tokens.push_back(out);
     run.disk_tokens.push_back(disk);
   }
-  if (const KvTier* tier = engine().tier("disk")) run.tier = tier->stats();
+  if (const KvTier* tier = engine().connectors().tier("disk")) run.tier = tier->stats();
   return run;
 }
 
