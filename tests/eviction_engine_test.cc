@@ -57,7 +57,7 @@ class SlotRecordingRunner final : public StepRunner {
                 r.n_cached + r.n_tokens);
       for (int32_t i = 0; i < r.n_tokens; ++i) {
         // The slot mapping names the slot n_cached + i of the run's table.
-        const int64_t slot = step.slots[r.first_token + i];
+        const int64_t slot = step.slots[0][r.first_token + i];
         EXPECT_EQ(static_cast<size_t>(slot), Physical(mirror_.table(r.seq), r.n_cached + i));
         slots_[slot] = step.positions[r.first_token + i];
       }

@@ -45,8 +45,8 @@ TEST(StepBatchBuilder, SendsTablesWholeOnceThenOnlyTheirChanges) {
   EXPECT_EQ(batch.new_sequences[0].tokens, a.tokens);
   ASSERT_EQ(batch.runs.size(), 1u);
   const StepRun& r = batch.runs[0];
-  EXPECT_EQ(r.table_keep, 0);
-  EXPECT_EQ(Ids(r.table_append), a_blocks);
+  EXPECT_EQ(r.tables[0].keep, 0);
+  EXPECT_EQ(Ids(r.tables[0].append), a_blocks);
   EXPECT_EQ(r.n_cached, 0);
   EXPECT_EQ(r.first_position, 0);
   EXPECT_EQ(r.n_logits, 1);
@@ -54,7 +54,7 @@ TEST(StepBatchBuilder, SendsTablesWholeOnceThenOnlyTheirChanges) {
   EXPECT_EQ(batch.block_size, 4);
   EXPECT_EQ(batch.tokens, a.tokens);
   EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
-  for (int32_t p = 0; p < 6; ++p) EXPECT_EQ(batch.slots[p], kv.Slot(a.id, p)) << p;
+  for (int32_t p = 0; p < 6; ++p) EXPECT_EQ(batch.slots[0][p], kv.Slot(a.id, p)) << p;
   a.AdvanceComputed(6);
 
   // A decode inside the second block: nothing of the table changes.
@@ -63,9 +63,9 @@ TEST(StepBatchBuilder, SendsTablesWholeOnceThenOnlyTheirChanges) {
   run = {&a, 1, 1};
   builder.Build({&run, 1}, {}, kv, &batch);
   EXPECT_TRUE(batch.new_sequences.empty());
-  EXPECT_EQ(batch.runs[0].table_keep, 2);
-  EXPECT_TRUE(batch.runs[0].table_append.empty());
-  EXPECT_EQ(batch.slots, (std::vector<int64_t>{kv.Slot(a.id, 6)}));
+  EXPECT_EQ(batch.runs[0].tables[0].keep, 2);
+  EXPECT_TRUE(batch.runs[0].tables[0].append.empty());
+  EXPECT_EQ(batch.slots[0], (std::vector<int64_t>{kv.Slot(a.id, 6)}));
   a.AdvanceComputed(1);
 
   // Two more cross into a third block: only it is sent.
@@ -73,8 +73,8 @@ TEST(StepBatchBuilder, SendsTablesWholeOnceThenOnlyTheirChanges) {
   ASSERT_TRUE(kv.Append(a.id, 2, &copies));
   run = {&a, 2, 1};
   builder.Build({&run, 1}, {}, kv, &batch);
-  EXPECT_EQ(batch.runs[0].table_keep, 2);
-  EXPECT_EQ(Ids(batch.runs[0].table_append),
+  EXPECT_EQ(batch.runs[0].tables[0].keep, 2);
+  EXPECT_EQ(Ids(batch.runs[0].tables[0].append),
             (std::vector<int32_t>{kv.Table(a.id).blocks[2].value}));
   a.AdvanceComputed(2);
 
@@ -86,8 +86,8 @@ TEST(StepBatchBuilder, SendsTablesWholeOnceThenOnlyTheirChanges) {
   a.tokens.insert(a.tokens.end(), {20, 21, 22});
   run = {&a, 4, 1};
   builder.Build({&run, 1}, {}, kv, &batch);
-  EXPECT_EQ(batch.runs[0].table_keep, 2);
-  EXPECT_EQ(Ids(batch.runs[0].table_append),
+  EXPECT_EQ(batch.runs[0].tables[0].keep, 2);
+  EXPECT_EQ(Ids(batch.runs[0].tables[0].append),
             (std::vector<int32_t>{kv.Table(a.id).blocks[2].value}));
   EXPECT_EQ(batch.runs[0].first_position, 5);
   EXPECT_EQ(batch.tokens, (std::vector<int32_t>{15, 20, 21, 22}));
@@ -117,9 +117,9 @@ TEST(StepBatchBuilder, ForkedSequencesAreNewAndReleasedOnesAreForgotten) {
   ASSERT_EQ(batch.new_sequences.size(), 1u);
   EXPECT_EQ(batch.new_sequences[0].seq, 2);
   EXPECT_EQ(batch.new_sequences[0].tokens, child.tokens);
-  EXPECT_EQ(batch.runs[0].table_keep, 0);
-  EXPECT_EQ(Ids(batch.runs[0].table_append), Ids(kv.Table(child.id).blocks));
-  EXPECT_EQ(batch.runs[0].table_append[1], copies[0].dst);
+  EXPECT_EQ(batch.runs[0].tables[0].keep, 0);
+  EXPECT_EQ(Ids(batch.runs[0].tables[0].append), Ids(kv.Table(child.id).blocks));
+  EXPECT_EQ(batch.runs[0].tables[0].append[1], copies[0].dst);
   EXPECT_EQ(batch.runs[0].n_cached, 6);
 
   // The parent finishes: the next batch says so once; a sequence never sent is not named.
@@ -158,7 +158,7 @@ TEST(StepBatchBuilder, CarriesDraftsKeyPositionsAndObservedAttention) {
   EXPECT_EQ(r.key_positions, (std::vector<int32_t>{0, 4, 5, 6}));
   EXPECT_EQ(r.attention_mass, s.attention_mass);
   EXPECT_EQ(r.mass_first_token, 0);
-  EXPECT_EQ(batch.slots, (std::vector<int64_t>{kv.Slot(s.id, 3)}));
+  EXPECT_EQ(batch.slots[0], (std::vector<int64_t>{kv.Slot(s.id, 3)}));
   EXPECT_EQ(batch.positions, (std::vector<int32_t>{6}));
 
   // Two drafts in flight after the last committed token.

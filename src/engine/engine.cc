@@ -64,7 +64,8 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter,
     : config_(config),
       runner_(runner),
       kv_(config.n_blocks, config.block_size,
-          config.watermark_blocks >= 0 ? config.watermark_blocks : config.n_blocks / 100),
+          config.watermark_blocks >= 0 ? config.watermark_blocks : config.n_blocks / 100,
+          runner.kv_groups()),
       scheduler_(SchedulerConfig{config.max_seqs, config.max_batch_tokens,
                                  config.reserve_full_context ? config.n_ctx : 0},
                  kv_),
@@ -113,6 +114,11 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
         "(%d + %d)",
         o.kv_budget.ToString().c_str(), guard.sink, guard.window));
   }
+  if (o.kv_budget.active() && kv_.num_groups() > 1) {
+    return Status::Error(
+        "kv_budget: token eviction does not work yet with a model whose layers attend "
+        "differently (global and sliding-window layers)");
+  }
   // Even alone, a sequence must fit the pool, or preemption could never make room for it.
   int64_t positions = config_.n_ctx;
   if (o.max_tokens > 0 && !config_.reserve_full_context) {
@@ -124,13 +130,13 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
     positions = evictor_.PeakSlots(budget, static_cast<int32_t>(prompt.size()),
                                    static_cast<int32_t>(positions), kv_.block_size());
   }
-  const int32_t need = kv_.BlocksFor(static_cast<int32_t>(positions));
+  const int64_t need = kv_.PeakBlocks(positions, config_.max_batch_tokens);
   const int32_t room = kv_.num_usable_blocks() - kv_.watermark_blocks();
   if (need > room) {
     return Status::Error(StrFormat(
-        "the request needs up to %lld positions of KV (%d blocks) but the KV memory holds %d "
+        "the request needs up to %lld positions of KV (%lld blocks) but the KV memory holds %d "
         "blocks of %d; raise --kv-memory, or lower -c or max_tokens",
-        static_cast<long long>(positions), need, room, kv_.block_size()));
+        static_cast<long long>(positions), static_cast<long long>(need), room, kv_.block_size()));
   }
   return Status::Ok();
 }

@@ -36,8 +36,26 @@ Expected<KvFormatPtr> EngineBuilder::Format(int32_t block_size, int32_t n_ctx) {
   return format;
 }
 
+Status EngineBuilder::CheckKvGroups(const EngineConfig& config) const {
+  const std::vector<KvGroupSpec>& groups = model_.config().kv_groups;
+  if (groups.size() <= 1) return Status::Ok();
+  // What reads or moves a sequence's KV through one block table does not know groups yet.
+  const char* refused = nullptr;
+  if (config.eviction.budget.active()) refused = "token eviction (--kv-budget)";
+  if (spec_.type != SpecType::kNone) refused = "speculative decoding (--spec-type)";
+  for (const TierKind& kind : TierKinds()) {
+    if (kind.configured(config)) refused = kind.flag;
+  }
+  if (refused == nullptr) return Status::Ok();
+  return Status::Error(StrFormat(
+      "%s does not work yet with a model whose layers attend differently (%zu KV cache groups: "
+      "global and sliding-window layers)",
+      refused, groups.size()));
+}
+
 Expected<std::unique_ptr<ModelRunner>> EngineBuilder::Runner(const EngineConfig& config) {
   KVS_RETURN_IF_ERROR(config.Validate());
+  KVS_RETURN_IF_ERROR(CheckKvGroups(config));
   auto format = Format(config.block_size, config.n_ctx);
   if (!format.ok()) return format.status();
   return std::make_unique<ModelRunner>(model_, pool_, *format, config.n_blocks);

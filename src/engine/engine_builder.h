@@ -56,6 +56,8 @@ class EngineBuilder {
   Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
 
  private:
+  // Refuses what does not work yet with several KV groups (a model with sliding-window layers).
+  Status CheckKvGroups(const EngineConfig& config) const;
   // The tiers config names (engine/kv_tier_kinds.h) over runner's KV, in order; empty when it
   // names none.
   Expected<KvTiers> Tiers(const EngineConfig& config, ModelRunner& runner);

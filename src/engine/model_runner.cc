@@ -31,19 +31,44 @@ double ModelRunner::KvShareAt(int32_t n_context) const {
   return kv / (kv + weight_bytes_);
 }
 
+Status ModelRunner::ApplyTables(const StepRun& r, std::vector<std::vector<int32_t>>* tables) {
+  const int32_t m = storage_.kernel_blocks_per_block();
+  const size_t n_groups = model_.config().kv_groups.size();
+  if (r.tables.size() != n_groups) {
+    return Status::Error(StrFormat("step: sequence %lld's run has %zu block tables, not %zu",
+                                   static_cast<long long>(r.seq), r.tables.size(), n_groups));
+  }
+  tables->resize(n_groups);
+  for (size_t g = 0; g < n_groups; ++g) {
+    std::vector<int32_t>& kernel_blocks = (*tables)[g];
+    const TableDelta& d = r.tables[g];
+    if (d.keep < 0 || static_cast<size_t>(d.keep) * m > kernel_blocks.size()) {
+      return Status::Error(StrFormat("step: sequence %lld's table change does not fit its table",
+                                     static_cast<long long>(r.seq)));
+    }
+    kernel_blocks.resize(static_cast<size_t>(d.keep) * m);
+    const std::vector<int32_t> appended = storage_.KernelBlocks(d.append);
+    kernel_blocks.insert(kernel_blocks.end(), appended.begin(), appended.end());
+    if (static_cast<int64_t>(kernel_blocks.size()) * kKvBlockTokens <
+        static_cast<int64_t>(r.n_cached) + r.n_tokens) {
+      return Status::Error(StrFormat(
+          "step: sequence %lld's table holds %zu slots, not %d", static_cast<long long>(r.seq),
+          kernel_blocks.size() * kKvBlockTokens, r.n_cached + r.n_tokens));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ModelRunner::Execute(const StepBatch& step, StepOutput* out) {
   for (int64_t seq : step.released) kernel_tables_.erase(seq);
   KVS_RETURN_IF_ERROR(sampler_.Apply(step));
   KVS_RETURN_IF_ERROR(CopyBlocks(step.copies));
-  const int32_t m = storage_.kernel_blocks_per_block();
   batch_.Clear();
   out->attention_mass.resize(step.runs.size());
   for (size_t i = 0; i < step.runs.size(); ++i) {
     const StepRun& r = step.runs[i];
-    std::vector<int32_t>& kernel_blocks = kernel_tables_[r.seq];
     // A batch that does not fit what this runner holds is an error, never a read of block 0.
-    if (r.table_keep < 0 || static_cast<size_t>(r.table_keep) * m > kernel_blocks.size() ||
-        r.first_token < 0 || r.n_tokens < 1 || r.n_cached < 0 || r.n_logits < 0 ||
+    if (r.first_token < 0 || r.n_tokens < 1 || r.n_cached < 0 || r.n_logits < 0 ||
         r.n_logits > r.n_tokens ||
         static_cast<int64_t>(r.first_token) + r.n_tokens > step.n_tokens() ||
         (!r.key_positions.empty() &&
@@ -52,16 +77,9 @@ Status ModelRunner::Execute(const StepBatch& step, StepOutput* out) {
           StrFormat("step: sequence %lld's run does not fit the batch or its table",
                     static_cast<long long>(r.seq)));
     }
-    kernel_blocks.resize(static_cast<size_t>(r.table_keep) * m);
-    const std::vector<int32_t> appended = storage_.KernelBlocks(r.table_append);
-    kernel_blocks.insert(kernel_blocks.end(), appended.begin(), appended.end());
-    if (static_cast<int64_t>(kernel_blocks.size()) * kKvBlockTokens <
-        static_cast<int64_t>(r.n_cached) + r.n_tokens) {
-      return Status::Error(StrFormat(
-          "step: sequence %lld's table holds %zu slots, not %d", static_cast<long long>(r.seq),
-          kernel_blocks.size() * kKvBlockTokens, r.n_cached + r.n_tokens));
-    }
-    batch_.AddSequence(step.tokens.data() + r.first_token, r.n_tokens, r.n_cached, kernel_blocks,
+    std::vector<std::vector<int32_t>>& tables = kernel_tables_[r.seq];
+    KVS_RETURN_IF_ERROR(ApplyTables(r, &tables));
+    batch_.AddSequence(step.tokens.data() + r.first_token, r.n_tokens, r.n_cached, tables,
                        r.n_logits, r.first_position, r.key_positions);
     std::vector<float>& mass = out->attention_mass[i];
     mass.clear();

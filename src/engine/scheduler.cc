@@ -163,10 +163,8 @@ void Scheduler::PlanAdmissions(SchedulePlan& plan, PlanState& st) const {
     // hashed when the sequence was queued (AddWaiting).
     PrefixMatch prefix = kv_.Match(seq->block_hashes, seq->n_committed());
     const int32_t n = std::min(std::max(1, ChunkCap(*seq) - prefix.n_tokens), share);
-    const int32_t need = prefix.blocks.empty()
-                             ? AdmissionBlocks(*seq, n)
-                             : kv_.BlocksFor(prefix.n_tokens + n) -
-                                   static_cast<int32_t>(prefix.blocks.size()) + prefix.n_free;
+    const int32_t need =
+        prefix.blocks.empty() ? AdmissionBlocks(*seq, n) : kv_.BlocksToAdopt(prefix, n);
     if (st.free - need < kv_.watermark_blocks()) break;
     // Apply moves n_computed to the end of the cached prefix: the run starts there.
     const int32_t first = prefix.blocks.empty() ? seq->n_computed : prefix.n_tokens;

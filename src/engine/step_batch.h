@@ -40,6 +40,13 @@ struct StepFork {
   StepSampling sampling;
 };
 
+// The change of one block table since the runner last saw it: keep the first `keep` blocks of
+// the runner's copy, drop the rest, then append `append`.
+struct TableDelta {
+  int32_t keep = 0;
+  std::vector<BlockId> append;
+};
+
 // One sequence's run in the step.
 struct StepRun {
   int64_t seq = 0;
@@ -53,10 +60,9 @@ struct StepRun {
   int32_t n_drafts = 0;
   std::vector<std::vector<TokenProb>> draft_probs;
   std::vector<StepFork> forks;  // choices that start here (see StepFork)
-  // Its block table (pool block ids): keep the first table_keep blocks of the runner's copy,
-  // drop the rest, then append table_append. The table covers every slot the run writes.
-  int32_t table_keep = 0;
-  std::vector<BlockId> table_append;
+  // [n_groups] its block table in each KV group (kv/kv_group.h; pool block ids), as a change
+  // to the runner's copy. Each table covers every slot the run writes.
+  std::vector<TableDelta> tables;
   // The RoPE position of the key in each slot [n_cached + n_tokens], or empty when slot i holds
   // position i (token eviction moves keys to other slots; their positions stay).
   std::vector<int32_t> key_positions;
@@ -71,8 +77,9 @@ struct StepRun {
 struct StepBatch {
   std::vector<int32_t> tokens;     // [n_tokens] every run's tokens, run after run
   std::vector<int32_t> positions;  // [n_tokens] their RoPE positions
-  std::vector<int64_t> slots;      // [n_tokens] the pool slot each writes: block id * block_size
-                                   // + offset in the block
+  // [n_groups][n_tokens] the pool slot each writes in each KV group's blocks: block id *
+  // block_size + offset in the block
+  std::vector<std::vector<int64_t>> slots;
   std::vector<StepRun> runs;
   std::vector<StepNewSequence> new_sequences;  // before the runs that name them
   std::vector<int64_t> released;               // sequences to forget (finished), before all else
@@ -86,7 +93,7 @@ struct StepBatch {
   void Clear() {
     tokens.clear();
     positions.clear();
-    slots.clear();
+    for (auto& g : slots) g.clear();
     runs.clear();
     new_sequences.clear();
     released.clear();
@@ -128,9 +135,9 @@ struct StepOutput {
 };
 
 // A runner's copy of one sequence's block table, kept as the step deltas say.
-inline void ApplyTableDelta(const StepRun& run, std::vector<BlockId>* table) {
-  table->resize(static_cast<size_t>(run.table_keep));
-  table->insert(table->end(), run.table_append.begin(), run.table_append.end());
+inline void ApplyTableDelta(const TableDelta& delta, std::vector<BlockId>* table) {
+  table->resize(static_cast<size_t>(delta.keep));
+  table->insert(table->end(), delta.append.begin(), delta.append.end());
 }
 
 }  // namespace kvs

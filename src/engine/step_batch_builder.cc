@@ -40,15 +40,21 @@ void StepBatchBuilder::AddRun(const ScheduledRun& r, const KvCacheManager& kv, S
   run.first_position = seq.n_computed;
   run.n_logits = r.n_logits;
   run.n_drafts = seq.n_in_flight;
-  // The table's change since the runner last saw it: the common prefix stays.
-  const std::vector<BlockId>& table = kv.Table(seq.id).blocks;
-  std::vector<BlockId>& mirror = sent->second;
-  const size_t common =
-      std::mismatch(mirror.begin(), mirror.end(), table.begin(), table.end()).first -
-      mirror.begin();
-  run.table_keep = static_cast<int32_t>(common);
-  run.table_append.assign(table.begin() + common, table.end());
-  mirror = table;
+  // Each group's table change since the runner last saw it: the common prefix stays.
+  const int32_t n_groups = kv.num_groups();
+  std::vector<std::vector<BlockId>>& mirrors = sent->second;
+  mirrors.resize(static_cast<size_t>(n_groups));
+  run.tables.resize(static_cast<size_t>(n_groups));
+  for (int32_t g = 0; g < n_groups; ++g) {
+    const std::vector<BlockId>& table = kv.Table(seq.id, g).blocks;
+    std::vector<BlockId>& mirror = mirrors[g];
+    const size_t common =
+        std::mismatch(mirror.begin(), mirror.end(), table.begin(), table.end()).first -
+        mirror.begin();
+    run.tables[g].keep = static_cast<int32_t>(common);
+    run.tables[g].append.assign(table.begin() + static_cast<ptrdiff_t>(common), table.end());
+    mirror = table;
+  }
   if (seq.n_evicted > 0) {
     run.key_positions.reserve(static_cast<size_t>(run.n_cached) + r.n_tokens);
     run.key_positions = seq.slot_positions;
@@ -59,12 +65,16 @@ void StepBatchBuilder::AddRun(const ScheduledRun& r, const KvCacheManager& kv, S
     run.attention_mass = seq.attention_mass;
   }
   const int32_t block_size = kv.block_size();
+  batch->slots.resize(static_cast<size_t>(n_groups));
   for (int32_t i = 0; i < r.n_tokens; ++i) {
     const int32_t slot = run.n_cached + i;
     batch->tokens.push_back(seq.tokens[seq.n_computed + i]);
     batch->positions.push_back(seq.n_computed + i);
-    batch->slots.push_back(static_cast<int64_t>(table[slot / block_size].value) * block_size +
-                           slot % block_size);
+    for (int32_t g = 0; g < n_groups; ++g) {
+      const std::vector<BlockId>& table = mirrors[g];
+      batch->slots[g].push_back(static_cast<int64_t>(table[slot / block_size].value) * block_size +
+                                slot % block_size);
+    }
   }
   batch->n_logit_rows += r.n_logits;
   batch->runs.push_back(std::move(run));

@@ -30,7 +30,7 @@ class StepBatchBuilder {
   void AddRun(const ScheduledRun& run, const KvCacheManager& kv, StepBatch* batch);
 
   // What the runner was last told of each sequence's table, to send only what changed.
-  std::unordered_map<SeqId, std::vector<BlockId>> sent_;
+  std::unordered_map<SeqId, std::vector<std::vector<BlockId>>> sent_;  // [n_groups] tables
   std::vector<int64_t> released_;
 };
 

@@ -4,11 +4,13 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/ids.h"
 #include "core/status.h"
 #include "engine/step_batch.h"
 #include "kv/compaction.h"
+#include "kv/kv_group.h"
 
 namespace kvs {
 
@@ -23,6 +25,9 @@ class StepRunner {
  public:
   virtual ~StepRunner() = default;
   virtual int32_t n_vocab() const = 0;
+  // The KV cache groups of the model's layers (kv/kv_group.h): a StepRun carries one table per
+  // group, in this order. Today's models, and fakes: one full-attention group.
+  virtual std::vector<KvGroupSpec> kv_groups() const { return {KvGroupSpec{}}; }
   // Copies blocks (all layers), src to dst in order. Execute does its step's copies itself; the
   // engine calls this first only when a drafter must see the copied blocks before the pass.
   virtual Status CopyBlocks(std::span<const BlockCopy> copies) = 0;

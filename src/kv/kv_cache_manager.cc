@@ -99,6 +99,27 @@ int32_t KvCacheManager::BlocksFreedBy(SeqId seq) const {
   return n;
 }
 
+int32_t KvCacheManager::BlocksToAdopt(const PrefixMatch& prefix, int32_t n_new) const {
+  const int32_t total = BlocksFor(prefix.n_tokens + n_new);
+  int32_t need = prefix.n_free + total - static_cast<int32_t>(prefix.blocks.size());
+  for (const std::vector<BlockId>& g : prefix.group_blocks) {
+    need += total - static_cast<int32_t>(g.size());
+  }
+  return need;
+}
+
+int64_t KvCacheManager::PeakBlocks(int64_t positions, int32_t max_chunk) const {
+  const int64_t all = (positions + block_size_ - 1) / block_size_;
+  int64_t n = 0;
+  for (const Group& g : groups_) {
+    // A window's blocks, a chunk's, and one each side that either may straddle.
+    const int64_t window =
+        (static_cast<int64_t>(g.spec.window) + max_chunk + block_size_ - 1) / block_size_ + 2;
+    n += g.spec.sliding() ? std::min(all, window) : all;
+  }
+  return n;
+}
+
 bool KvCacheManager::AllocateBlocks(int32_t n, std::vector<BlockId>* out) {
   const size_t first = out->size();
   if (!pool_.Allocate(n, out)) return false;

@@ -89,6 +89,12 @@ class KvCacheManager {
   int32_t BlocksToAppend(SeqId seq, int32_t n_new) const;
   // Blocks that Free(seq) would certainly return to the pool (those only this sequence holds).
   int32_t BlocksFreedBy(SeqId seq) const;
+  // The blocks admitting a sequence onto `prefix` (a Match) with n_new tokens to compute takes
+  // from the free list, over every group: the new blocks, and the prefix's blocks that sit free.
+  int32_t BlocksToAdopt(const PrefixMatch& prefix, int32_t n_new) const;
+  // The most blocks one sequence of `positions` positions holds at once, fed in chunks of at
+  // most max_chunk tokens: every group's (a sliding window's: its window and a chunk at most).
+  int64_t PeakBlocks(int64_t positions, int32_t max_chunk) const;
   // Whether a new sequence needing n_blocks may be admitted (keeps the watermark free).
   bool CanAdmit(int32_t n_blocks) const { return num_free_blocks() - n_blocks >= watermark_; }
 

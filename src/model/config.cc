@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <algorithm>
+
 #include "model/arch/architecture.h"
 
 namespace kvs {
@@ -24,6 +26,25 @@ Status CheckLayers(const ModelConfig& c) {
 
 }  // namespace
 
+Status AssignKvGroups(ModelConfig* c) {
+  std::vector<int32_t> windows;  // 0: global
+  for (const LayerSpec& l : c->layers) {
+    const bool sliding = l.attention == AttentionKind::kSliding;
+    if (sliding && l.window <= 0) return Status::Error("a sliding-window layer has no window");
+    windows.push_back(sliding ? l.window : 0);
+  }
+  std::vector<int32_t> distinct = windows;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  c->kv_groups.clear();
+  for (int32_t w : distinct) c->kv_groups.push_back(KvGroupSpec{w});
+  for (size_t l = 0; l < c->layers.size(); ++l) {
+    c->layers[l].kv_group = static_cast<int32_t>(
+        std::find(distinct.begin(), distinct.end(), windows[l]) - distinct.begin());
+  }
+  return Status::Ok();
+}
+
 Expected<ModelConfig> ReadModelConfig(const gguf::File& f) {
   ModelConfig c;
   auto arch = f.GetString("general.architecture");
@@ -46,6 +67,7 @@ Expected<ModelConfig> ReadModelConfig(const gguf::File& f) {
   c.name = f.GetString("general.name").value_or(c.arch_name);
   KVS_RETURN_IF_ERROR(found->read(MetadataReader(f, c.arch_name), &c));
   KVS_RETURN_IF_ERROR(CheckLayers(c));
+  KVS_RETURN_IF_ERROR(AssignKvGroups(&c));
   // The vocabulary size comes from the embedding tensor (checked again by the weights).
   const gguf::TensorInfo* emb = f.FindTensor("token_embd.weight");
   if (!emb) return Status::Error("missing tensor 'token_embd.weight'");

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "gguf/gguf_reader.h"
+#include "kv/kv_group.h"
 #include "model/layer_spec.h"
 
 namespace kvs {
@@ -28,6 +29,10 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   std::vector<RopeSpec> ropes;    // the distinct RoPEs of the layers (today's models: one)
   std::vector<LayerSpec> layers;  // [n_layer]
+  // The KV cache groups (kv/kv_group.h): one per kind of attention among the layers, global
+  // first, then sliding windows from the narrowest; each layer's kv_group indexes this. Set by
+  // ReadModelConfig (AssignKvGroups) from the layers' attention.
+  std::vector<KvGroupSpec> kv_groups;
 
   int32_t q_dim() const { return n_head * head_dim_k; }
   int32_t k_dim() const { return n_head_kv * head_dim_k; }
@@ -37,6 +42,10 @@ struct ModelConfig {
   // calibrated for the model as a whole (key offsets, tri's query centres) needs one.
   const RopeSpec* uniform_rope() const { return ropes.size() == 1 ? &ropes[0] : nullptr; }
 };
+
+// Sets c->kv_groups and each layer's kv_group from the layers' attention; an error for a sliding
+// layer without a window.
+Status AssignKvGroups(ModelConfig* c);
 
 // Reads the config through the architecture file named by general.architecture.
 Expected<ModelConfig> ReadModelConfig(const gguf::File& file);

@@ -34,8 +34,16 @@ void ForwardPass::Reserve(int32_t n) {
 Status ForwardPass::Validate(const RaggedBatch& b, std::span<const KvLayerView> kv) const {
   const int32_t n = b.n_tokens();
   if (n <= 0) return Status::Error("forward pass needs at least one token");
-  if (b.positions.size() != b.tokens.size() || b.slots.size() != b.tokens.size()) {
-    return Status::Error("batch: tokens, positions and slots differ in length");
+  // One table per KV group, or one that every group reads (a sequence that never frees blocks
+  // before a window: perplexity, calibrations, drafters).
+  if (b.positions.size() != b.tokens.size() ||
+      (b.slots.size() != 1 && b.slots.size() != c_.kv_groups.size())) {
+    return Status::Error("batch: tokens and positions differ in length, or slots in groups");
+  }
+  for (const std::vector<int64_t>& slots : b.slots) {
+    if (slots.size() != b.tokens.size()) {
+      return Status::Error("batch: tokens and slots differ in length");
+    }
   }
   if (static_cast<int32_t>(kv.size()) != c_.n_layer) {
     return Status::Error("batch: the KV cache has a different number of layers than the model");
@@ -50,8 +58,13 @@ Status ForwardPass::Validate(const RaggedBatch& b, std::span<const KvLayerView> 
   for (const BatchSequence& s : b.sequences) {
     const int64_t end = static_cast<int64_t>(s.n_cached) + s.n_tokens;
     if (s.first_token != next || s.n_tokens <= 0 || s.n_cached < 0 ||
-        end > static_cast<int64_t>(s.kv_blocks.size()) * kKvBlockTokens) {
-      return Status::Error("batch: a sequence's token range or block list is inconsistent");
+        s.kv_blocks.size() != b.slots.size()) {
+      return Status::Error("batch: a sequence's token range or block lists are inconsistent");
+    }
+    for (const std::vector<int32_t>& blocks : s.kv_blocks) {
+      if (end > static_cast<int64_t>(blocks.size()) * kKvBlockTokens) {
+        return Status::Error("batch: a sequence's block list does not cover its tokens");
+      }
     }
     next += s.n_tokens;
   }
@@ -133,13 +146,15 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
       RopeAngles(b.positions[i], rope, table + static_cast<size_t>(i) * rope_stride_);
     }
   }
-  // Runs of tokens that write into the same kernel block go to one thread: quantized codes of
-  // neighbouring positions share bytes.
+  // Runs of tokens that write into the same kernel block (of every group) go to one thread:
+  // quantized codes of neighbouring positions share bytes.
   write_runs_.clear();
   for (int32_t i = 0; i < n; ++i) {
-    if (i == 0 || b.slots[i] / kKvBlockTokens != b.slots[i - 1] / kKvBlockTokens) {
-      write_runs_.push_back(i);
+    bool starts = i == 0;
+    for (const std::vector<int64_t>& slots : b.slots) {
+      starts = starts || slots[i] / kKvBlockTokens != slots[i - 1] / kKvBlockTokens;
     }
+    if (starts) write_runs_.push_back(i);
   }
   write_runs_.push_back(n);
   // Sequences whose keys sit at other positions than their slots: their keys' RoPE rows, in slot
@@ -196,9 +211,11 @@ void ForwardPass::AttentionSublayer(const RaggedBatch& b, int32_t l, const KvLay
     }
   });
   if (query_tap_) query_tap_(l, b, q_.data());
-  WriteKv(b, kv);
-  Attention(b, kv);  // AttentionKind::kGlobal
-  AccumulateAttentionMass(b, kv);
+  // The layer's KV group: its blocks, and for a sliding window the first key each query reads.
+  const int32_t g = b.slots.size() == 1 ? 0 : spec.kv_group;
+  WriteKv(b, kv, g);
+  Attention(b, kv, g, c_.kv_groups[spec.kv_group]);
+  AccumulateAttentionMass(b, kv, g);
   MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
   AddInPlace(x_.data(), proj_.data(), static_cast<int64_t>(n) * c_.n_embd);
 }
@@ -218,11 +235,12 @@ void ForwardPass::FeedForwardSublayer(const RaggedBatch& b, int32_t l) {
   AddInPlace(x_.data(), proj_.data(), static_cast<int64_t>(n) * c_.n_embd);
 }
 
-void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv) {
+void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv, int32_t group) {
+  const std::vector<int64_t>& slots = b.slots[group];
   const size_t n_runs = write_runs_.size() - 1;
   auto write_run = [&](size_t r) {
     for (int32_t i = write_runs_[r]; i < write_runs_[r + 1]; ++i) {
-      kvs::WriteKv(kv, b.slots[i], b.positions[i], k_.data() + static_cast<size_t>(i) * c_.k_dim(),
+      kvs::WriteKv(kv, slots[i], b.positions[i], k_.data() + static_cast<size_t>(i) * c_.k_dim(),
                    v_.data() + static_cast<size_t>(i) * c_.v_dim());
     }
   };
@@ -235,7 +253,8 @@ void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv) {
   });
 }
 
-void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
+void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv, int32_t kv_group,
+                            const KvGroupSpec& window) {
   const int32_t group = c_.n_head / c_.n_head_kv;
   const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
                              1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
@@ -308,7 +327,7 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
     for (size_t slot = begin; slot < end; ++slot) {
       const size_t job = job_order_.empty() ? slot : job_order_[slot];
       if (job >= n_head_jobs) {
-        SplitJob(b, kv, shape, split_jobs_[job - n_head_jobs], heads_per_job);
+        SplitJob(b, kv, kv_group, window, shape, split_jobs_[job - n_head_jobs], heads_per_job);
         continue;
       }
       const int32_t g = static_cast<int32_t>(job / n_chunks);
@@ -318,17 +337,21 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
       const float* q[kQueriesPerJob];
       float* out[kQueriesPerJob];
       int32_t n_keys[kQueriesPerJob];
+      int32_t first_key[kQueriesPerJob];
       for (int32_t k = 0; k < count; ++k) {
         const int32_t t = (chunk.first_query + k) / group;  // token within the sequence
         const size_t i = static_cast<size_t>(seq.first_token + t);
         const int32_t h = g * group + (chunk.first_query + k) % group;
         q[k] = QueryRow(i, h);
         out[k] = OutputRow(i, h);
-        n_keys[k] = seq.n_cached + t + 1;  // causal: itself and everything before
+        n_keys[k] = seq.n_cached + t + 1;                  // causal: itself and everything before
+        first_key[k] = window.FirstKey(seq.n_cached + t);  // slots are positions here
       }
       const std::vector<float>& key_rope = key_rope_[chunk.seq];
-      Attend(shape, kv.Head(g, seq.kv_blocks.data(), key_rope.empty() ? nullptr : key_rope.data()),
-             q, n_keys, count, out);
+      Attend(
+          shape,
+          kv.Head(g, seq.kv_blocks[kv_group].data(), key_rope.empty() ? nullptr : key_rope.data()),
+          q, n_keys, count, out, window.sliding() ? first_key : nullptr);
     }
   });
   if (split_chunks_.empty()) return;
@@ -355,7 +378,8 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv) {
   });
 }
 
-void ForwardPass::SplitJob(const RaggedBatch& b, const KvLayerView& kv, const AttentionShape& shape,
+void ForwardPass::SplitJob(const RaggedBatch& b, const KvLayerView& kv, int32_t kv_group,
+                           const KvGroupSpec& window, const AttentionShape& shape,
                            const SplitJobSpec& job, int32_t n_heads) {
   const int32_t group = c_.n_head / c_.n_head_kv;
   const SplitChunk& sc = split_chunks_[job.chunk];
@@ -366,14 +390,19 @@ void ForwardPass::SplitJob(const RaggedBatch& b, const KvLayerView& kv, const At
   KvHeadView views[kMaxSplitHeads];
   const float* q[kMaxSplitHeads * kSplitQueries];
   int32_t n_keys[kSplitQueries];
-  for (int32_t k = 0; k < n; ++k) n_keys[k] = seq.n_cached + k / group + 1;
+  int32_t first_key[kSplitQueries];
+  for (int32_t k = 0; k < n; ++k) {
+    n_keys[k] = seq.n_cached + k / group + 1;
+    first_key[k] = window.FirstKey(seq.n_cached + k / group);
+  }
   const size_t stride = AttentionPartialStride(shape);
   // Up to kMaxSplitHeads heads per call; rows of head g at (g * n + k) within the partition.
   for (int32_t g0 = job.first_head; g0 < job.first_head + n_heads; g0 += kMaxSplitHeads) {
     const int32_t hn = std::min(kMaxSplitHeads, job.first_head + n_heads - g0);
     for (int32_t h = 0; h < hn; ++h) {
       const int32_t g = g0 + h;
-      views[h] = kv.Head(g, seq.kv_blocks.data(), key_rope.empty() ? nullptr : key_rope.data());
+      views[h] =
+          kv.Head(g, seq.kv_blocks[kv_group].data(), key_rope.empty() ? nullptr : key_rope.data());
       for (int32_t k = 0; k < n; ++k) {
         const size_t i = static_cast<size_t>(seq.first_token + k / group);
         q[h * n + k] = QueryRow(i, g * group + k % group);
@@ -383,11 +412,13 @@ void ForwardPass::SplitJob(const RaggedBatch& b, const KvLayerView& kv, const At
     const size_t total_rows = partial_ml_.size() / 2;
     AttendPartition(shape, views, hn, q, n_keys, n, job.part,
                     {partial_o_.data() + row * stride, partial_ml_.data() + row,
-                     partial_ml_.data() + total_rows + row});
+                     partial_ml_.data() + total_rows + row},
+                    window.sliding() ? first_key : nullptr);
   }
 }
 
-void ForwardPass::AccumulateAttentionMass(const RaggedBatch& b, const KvLayerView& kv) {
+void ForwardPass::AccumulateAttentionMass(const RaggedBatch& b, const KvLayerView& kv,
+                                          int32_t kv_group) {
   const int32_t group = c_.n_head / c_.n_head_kv;
   const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
                              1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
@@ -414,7 +445,7 @@ void ForwardPass::AccumulateAttentionMass(const RaggedBatch& b, const KvLayerVie
             n_keys.push_back(seq.n_cached + t + 1);
           }
         }
-        const KvHeadView view = kv.Head(static_cast<int32_t>(g), seq.kv_blocks.data(),
+        const KvHeadView view = kv.Head(static_cast<int32_t>(g), seq.kv_blocks[kv_group].data(),
                                         key_rope.empty() ? nullptr : key_rope.data());
         AttentionMass(shape, view, q.data(), n_keys.data(), static_cast<int>(q.size()),
                       mass_scratch_.data() + g * stride);

@@ -53,16 +53,19 @@ class ForwardPass {
     return rope_.data() + (static_cast<size_t>(r) * reserved_tokens_ + i) * rope_stride_;
   }
   // Stores the ubatch's K/V (k_, v_) into its slots of one layer.
-  void WriteKv(const RaggedBatch& batch, const KvLayerView& kv);
-  void Attention(const RaggedBatch& batch, const KvLayerView& kv);
+  // Of the layer's KV group kv_group (its blocks in the batch), with that group's window.
+  void WriteKv(const RaggedBatch& batch, const KvLayerView& kv, int32_t kv_group);
+  void Attention(const RaggedBatch& batch, const KvLayerView& kv, int32_t kv_group,
+                 const KvGroupSpec& window);
   struct SplitJobSpec;
   // One split-K job: partition job.part of a sequence's keys for n_heads KV heads from
   // job.first_head, into the partials.
-  void SplitJob(const RaggedBatch& batch, const KvLayerView& kv, const AttentionShape& shape,
-                const SplitJobSpec& job, int32_t n_heads);
+  void SplitJob(const RaggedBatch& batch, const KvLayerView& kv, int32_t kv_group,
+                const KvGroupSpec& window, const AttentionShape& shape, const SplitJobSpec& job,
+                int32_t n_heads);
   // Adds the attention the observed queries of each sequence that asks for it
   // (BatchSequence::attention_mass) gave its keys, summed over heads, for one layer.
-  void AccumulateAttentionMass(const RaggedBatch& batch, const KvLayerView& kv);
+  void AccumulateAttentionMass(const RaggedBatch& batch, const KvLayerView& kv, int32_t kv_group);
   void Reserve(int32_t n);
   // Query head h of the ubatch's token i (q_), and where its attention output goes (att_).
   float* QueryRow(size_t i, int32_t h) {

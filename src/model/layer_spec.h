@@ -21,7 +21,8 @@ struct RopeSpec {
 };
 
 enum class AttentionKind {
-  kGlobal,  // every earlier key
+  kGlobal,   // every earlier key
+  kSliding,  // the last LayerSpec::window positions, itself included (local attention)
 };
 
 enum class NormPlacement {
@@ -34,6 +35,9 @@ enum class FeedForwardKind {
 
 struct LayerSpec {
   AttentionKind attention = AttentionKind::kGlobal;
+  int32_t window = 0;    // kSliding: the positions a query sees, itself included (else 0)
+  int32_t kv_group = 0;  // index into ModelConfig::kv_groups: the layers whose attention is
+                         // alike share one block table per sequence (kv/kv_group.h)
   int32_t rope = 0;      // index into ModelConfig::ropes
   bool qk_norm = false;  // per-head RMS norm of Q and K before RoPE (qwen3)
   NormPlacement norms = NormPlacement::kPre;

@@ -44,8 +44,10 @@ class RunnerMirror {
       EXPECT_TRUE(it != sequences_.end()) << "a run of unknown sequence " << r.seq;
       if (it == sequences_.end()) continue;
       State& st = it->second;
-      EXPECT_LE(r.table_keep, static_cast<int32_t>(st.table.size()));
-      ApplyTableDelta(r, &st.table);
+      EXPECT_EQ(r.tables.size(), 1u) << "one KV group";
+      if (r.tables.empty()) continue;
+      EXPECT_LE(r.tables[0].keep, static_cast<int32_t>(st.table.size()));
+      ApplyTableDelta(r.tables[0], &st.table);
       const size_t end = static_cast<size_t>(r.first_position) + r.n_tokens;
       if (st.tokens.size() < end) st.tokens.resize(end);
       std::copy_n(step.tokens.begin() + r.first_token, r.n_tokens,
@@ -65,7 +67,7 @@ class RunnerMirror {
       for (int32_t i = 0; i < r.n_tokens; ++i) {
         const int32_t slot = r.n_cached + i;
         ASSERT_LT(static_cast<size_t>(slot / step.block_size), t.size());
-        EXPECT_EQ(step.slots[r.first_token + i],
+        EXPECT_EQ(step.slots[0][r.first_token + i],
                   static_cast<int64_t>(t[slot / step.block_size].value) * step.block_size +
                       slot % step.block_size)
             << "sequence " << r.seq << " slot " << slot;

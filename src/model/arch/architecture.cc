@@ -115,4 +115,40 @@ Status ReadRope(const MetadataReader& meta, const ModelConfig& c, RopeSpec* rope
   return Status::Ok();
 }
 
+Status ReadSlidingWindows(const MetadataReader& meta, int32_t default_pattern, ModelConfig* c) {
+  int32_t window = 0;
+  KVS_RETURN_IF_ERROR(meta.Dim("attention.sliding_window", false, &window));
+  if (window == 0) return Status::Ok();
+  const std::string key = meta.Key("attention.sliding_window_pattern");
+  std::vector<bool> sliding(static_cast<size_t>(c->n_layer));
+  const gguf::Value* pattern = meta.file().Find(key);
+  if (pattern != nullptr && pattern->type == gguf::ValueType::kArray) {
+    // One flag per layer (llama.cpp's per-layer form): true where the layer is local.
+    if (pattern->ints.size() != sliding.size()) {
+      return Status::Error(StrFormat("metadata key '%s' has %zu entries, not one per layer (%d)",
+                                     key.c_str(), pattern->ints.size(), c->n_layer));
+    }
+    for (size_t l = 0; l < sliding.size(); ++l) sliding[l] = pattern->ints[l] != 0;
+  } else {
+    // Every n-th layer global, the others local (n = 0: all local).
+    int64_t n = default_pattern;
+    if (pattern != nullptr) {
+      const std::optional<uint64_t> v = meta.file().GetUint(key);
+      if (!v || *v > 4096) {
+        return Status::Error(StrFormat("metadata key '%s' is not a layer count", key.c_str()));
+      }
+      n = static_cast<int64_t>(*v);
+    }
+    for (size_t l = 0; l < sliding.size(); ++l) {
+      sliding[l] = n == 0 || static_cast<int64_t>(l) % n < n - 1;
+    }
+  }
+  for (size_t l = 0; l < sliding.size(); ++l) {
+    if (!sliding[l]) continue;
+    c->layers[l].attention = AttentionKind::kSliding;
+    c->layers[l].window = window;
+  }
+  return Status::Ok();
+}
+
 }  // namespace kvs

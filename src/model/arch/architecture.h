@@ -49,6 +49,12 @@ Status ReadTransformerDims(const MetadataReader& meta, ModelConfig* c);
 // rope.dimension_count, rope.freq_base and rope.scaling (linear or none) into *rope.
 Status ReadRope(const MetadataReader& meta, const ModelConfig& c, RopeSpec* rope);
 
+// attention.sliding_window (positions a local layer's query sees, itself included; absent or
+// 0: every layer global) and attention.sliding_window_pattern (one flag per layer, or n: every
+// n-th layer global; absent: default_pattern) into the layers' attention, as llama.cpp reads
+// them. Call after the layers exist.
+Status ReadSlidingWindows(const MetadataReader& meta, int32_t default_pattern, ModelConfig* c);
+
 // Per-family readers (model/arch/*.cc).
 Status ReadLlamaFamily(const MetadataReader& meta, ModelConfig* config);  // llama, mistral
 Status ReadQwen2(const MetadataReader& meta, ModelConfig* config);

@@ -21,6 +21,13 @@ Status ReadDenseLlama(const MetadataReader& meta, bool neox, bool qk_norm, Model
     c->layers[l].qk_norm = qk_norm || meta.file().FindTensor(p + "attn_q_norm.weight") ||
                            meta.file().FindTensor(p + "attn_k_norm.weight");
   }
+  // llama.cpp runs these families with global attention whatever a file says of windows (a
+  // Mistral v0.1 conversion may carry attention.sliding_window): so does kvserve, unless the
+  // file also names which layers are local (attention.sliding_window_pattern), as files
+  // written to exercise local attention do.
+  if (meta.Has("attention.sliding_window_pattern")) {
+    KVS_RETURN_IF_ERROR(ReadSlidingWindows(meta, /*default_pattern=*/0, c));
+  }
   return Status::Ok();
 }
 
