@@ -269,60 +269,11 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv, int32_t
   //    whole heads, and a head's keys stay in cache across the chunks of one sequence.
   // Both compute each query the same way (attention.h): which path a query takes, and what else
   // is in the batch, does not change its output.
-  chunks_.clear();
-  split_chunks_.clear();
-  split_jobs_.clear();
-  size_t partial_rows = 0;
-  for (int32_t s = 0; s < static_cast<int32_t>(b.sequences.size()); ++s) {
-    const BatchSequence& seq = b.sequences[s];
-    const int32_t n_queries = seq.n_tokens * group;
-    const int32_t parts = KeyPartitions(seq.n_cached + seq.n_tokens);
-    if (n_queries <= kSplitQueries) {
-      split_chunks_.push_back({s, parts, partial_rows});
-      partial_rows += static_cast<size_t>(parts) * c_.n_head_kv * n_queries;
-      continue;
-    }
-    for (int32_t first = 0; first < n_queries; first += kQueriesPerJob) {
-      chunks_.push_back({s, first});
-    }
-  }
-  // Split jobs: all heads together, unless too few partitions to keep every thread busy.
-  size_t split_parts = 0;
-  for (const SplitChunk& sc : split_chunks_) split_parts += sc.parts;
-  int32_t head_groups = 1;
-  while (head_groups < c_.n_head_kv &&
-         split_parts * head_groups < 2 * static_cast<size_t>(pool_.size())) {
-    do ++head_groups;
-    while (c_.n_head_kv % head_groups != 0);
-  }
-  const int32_t heads_per_job = c_.n_head_kv / head_groups;
-  for (int32_t c = 0; c < static_cast<int32_t>(split_chunks_.size()); ++c) {
-    for (int32_t p = 0; p < split_chunks_[c].parts; ++p) {
-      for (int32_t hg = 0; hg < head_groups; ++hg)
-        split_jobs_.push_back({c, p, hg * heads_per_job});
-    }
-  }
-  const size_t stride = AttentionPartialStride(shape);
-  if (partial_rows > 0) {
-    partial_o_.Resize(partial_rows * stride);
-    partial_ml_.resize(2 * partial_rows);
-  }
-
+  PlanAttention(b, shape);
   const size_t n_chunks = chunks_.size();
   const size_t n_head_jobs = c_.n_head_kv * n_chunks;
-  // The pool hands each thread a contiguous range of equally many jobs: spread the (heavy) split
-  // jobs evenly through the list, or a long sequence's work would all land on the last thread.
-  job_order_.clear();
   const size_t n_jobs = n_head_jobs + split_jobs_.size();
-  if (!split_jobs_.empty()) {
-    size_t head_job = 0;
-    for (size_t k = 0; k < split_jobs_.size(); ++k) {
-      const size_t at = (k * n_jobs) / split_jobs_.size();  // where split job k goes
-      while (job_order_.size() < at) job_order_.push_back(head_job++);
-      job_order_.push_back(n_head_jobs + k);
-    }
-    while (head_job < n_head_jobs) job_order_.push_back(head_job++);
-  }
+  const int32_t heads_per_job = heads_per_job_;
   pool_.ParallelFor(n_jobs, 1, [&](int, size_t begin, size_t end) {
     for (size_t slot = begin; slot < end; ++slot) {
       const size_t job = job_order_.empty() ? slot : job_order_[slot];
@@ -354,7 +305,74 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv, int32_t
           q, n_keys, count, out, window.sliding() ? first_key : nullptr);
     }
   });
+  MergeSplitPartials(b, kv, shape);
+}
+
+void ForwardPass::PlanAttention(const RaggedBatch& b, const AttentionShape& shape) {
+  const int32_t group = c_.n_head / c_.n_head_kv;
+  chunks_.clear();
+  split_chunks_.clear();
+  split_jobs_.clear();
+  size_t partial_rows = 0;
+  for (int32_t s = 0; s < static_cast<int32_t>(b.sequences.size()); ++s) {
+    const BatchSequence& seq = b.sequences[s];
+    const int32_t n_queries = seq.n_tokens * group;
+    const int32_t parts = KeyPartitions(seq.n_cached + seq.n_tokens);
+    if (n_queries <= kSplitQueries) {
+      split_chunks_.push_back({s, parts, partial_rows});
+      partial_rows += static_cast<size_t>(parts) * c_.n_head_kv * n_queries;
+      continue;
+    }
+    for (int32_t first = 0; first < n_queries; first += kQueriesPerJob) {
+      chunks_.push_back({s, first});
+    }
+  }
+  // Split jobs: all heads together, unless too few partitions to keep every thread busy.
+  size_t split_parts = 0;
+  for (const SplitChunk& sc : split_chunks_) split_parts += sc.parts;
+  int32_t head_groups = 1;
+  while (head_groups < c_.n_head_kv &&
+         split_parts * head_groups < 2 * static_cast<size_t>(pool_.size())) {
+    do ++head_groups;
+    while (c_.n_head_kv % head_groups != 0);
+  }
+  const int32_t heads_per_job = c_.n_head_kv / head_groups;
+  heads_per_job_ = heads_per_job;
+  for (int32_t c = 0; c < static_cast<int32_t>(split_chunks_.size()); ++c) {
+    for (int32_t p = 0; p < split_chunks_[c].parts; ++p) {
+      for (int32_t hg = 0; hg < head_groups; ++hg)
+        split_jobs_.push_back({c, p, hg * heads_per_job});
+    }
+  }
+  const size_t stride = AttentionPartialStride(shape);
+  if (partial_rows > 0) {
+    partial_o_.Resize(partial_rows * stride);
+    partial_ml_.resize(2 * partial_rows);
+  }
+  partial_rows_ = partial_rows;
+  const size_t n_chunks = chunks_.size();
+  const size_t n_head_jobs = c_.n_head_kv * n_chunks;
+  // The pool hands each thread a contiguous range of equally many jobs: spread the (heavy) split
+  // jobs evenly through the list, or a long sequence's work would all land on the last thread.
+  job_order_.clear();
+  const size_t n_jobs = n_head_jobs + split_jobs_.size();
+  if (!split_jobs_.empty()) {
+    size_t head_job = 0;
+    for (size_t k = 0; k < split_jobs_.size(); ++k) {
+      const size_t at = (k * n_jobs) / split_jobs_.size();  // where split job k goes
+      while (job_order_.size() < at) job_order_.push_back(head_job++);
+      job_order_.push_back(n_head_jobs + k);
+    }
+    while (head_job < n_head_jobs) job_order_.push_back(head_job++);
+  }
+}
+
+void ForwardPass::MergeSplitPartials(const RaggedBatch& b, const KvLayerView& kv,
+                                     const AttentionShape& shape) {
   if (split_chunks_.empty()) return;
+  const int32_t group = c_.n_head / c_.n_head_kv;
+  const size_t stride = AttentionPartialStride(shape);
+  const size_t partial_rows = partial_rows_;
   // Each split query's partials merged in partition order: a job per (chunk, KV head).
   const size_t merge_jobs = split_chunks_.size() * c_.n_head_kv;
   pool_.ParallelFor(merge_jobs, 1, [&](int, size_t begin, size_t end) {

@@ -57,6 +57,12 @@ class ForwardPass {
   void WriteKv(const RaggedBatch& batch, const KvLayerView& kv, int32_t kv_group);
   void Attention(const RaggedBatch& batch, const KvLayerView& kv, int32_t kv_group,
                  const KvGroupSpec& window);
+  // The batch's attention jobs (chunks_, split_chunks_, split_jobs_, job_order_), the same for
+  // every layer, and the partial rows the split jobs fill.
+  void PlanAttention(const RaggedBatch& batch, const AttentionShape& shape);
+  // Each split query's partials merged into its output, in partition order.
+  void MergeSplitPartials(const RaggedBatch& batch, const KvLayerView& kv,
+                          const AttentionShape& shape);
   struct SplitJobSpec;
   // One split-K job: partition job.part of a sequence's keys for n_heads KV heads from
   // job.first_head, into the partials.
@@ -103,6 +109,8 @@ class ForwardPass {
   std::vector<SplitChunk> split_chunks_;
   std::vector<SplitJobSpec> split_jobs_;
   std::vector<size_t> job_order_;  // attention jobs in pool order (split jobs spread out)
+  size_t partial_rows_ = 0;        // PlanAttention's: rows of partial_o_ in use
+  int32_t heads_per_job_ = 1;      // PlanAttention's: KV heads per split job
   AlignedBuffer partial_o_;        // [rows][AttentionPartialStride] partial outputs
   std::vector<float> partial_ml_;  // [rows] maxima, then [rows] sums
   // Token ranges [write_runs_[r], write_runs_[r + 1]) whose slots share a kernel block.
