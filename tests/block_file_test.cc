@@ -188,6 +188,13 @@ TEST(BlockFile, APoolBlockRoundTripsThroughAFileIntoAnotherPool) {
     EXPECT_FALSE(
         DecodeBlockFile(*file, MakeBlockIdentity(Digest128{5, 6}, *PlainKvFormat(other)), h.hash)
             .ok());
+    // So has another KV cache group's (a sliding window's layers); the first, global group keeps
+    // a one-group model's identity.
+    EXPECT_EQ(MakeBlockIdentity(Digest128{5, 6}, *format, 0, KvGroupSpec{}), h.identity);
+    const BlockIdentity local = MakeBlockIdentity(Digest128{5, 6}, *format, 1, KvGroupSpec{24});
+    EXPECT_NE(local, h.identity);
+    EXPECT_NE(local, MakeBlockIdentity(Digest128{5, 6}, *format, 1, KvGroupSpec{32}));
+    EXPECT_FALSE(DecodeBlockFile(*file, local, h.hash).ok());
   }
 }
 

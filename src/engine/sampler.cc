@@ -39,15 +39,6 @@ int32_t ArgMax(const float* logits, int32_t n) {
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed), counts_(n_vocab, 0) {}
 
-namespace {
-
-// Most likely first, ties by id: a strict total order on candidates (NaN logits aside).
-constexpr auto kByLogit = [](const auto& a, const auto& b) {
-  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-};
-
-}  // namespace
-
 void Sampler::CollectPenalties(const float* logits, std::span<const int32_t> history,
                                std::span<const int32_t> in_flight) {
   penalized_.clear();
@@ -105,24 +96,8 @@ void Sampler::ForEachLogit(const float* logits, Visit&& visit) const {
 }
 
 void Sampler::SelectTopK(const float* logits, size_t k) {
-  // A heap whose front is the worst of the best k so far. Tokens come in id order, so one whose
-  // logit equals the front's loses the tie and only a larger logit gets in: the kept set is
-  // partial_sort's, found without copying or ordering the rest.
-  candidates_.clear();
-  float worst = 0;
-  ForEachLogit(logits, [&](int32_t id, float logit) {
-    if (candidates_.size() < k) {
-      candidates_.push_back({id, logit});
-      std::push_heap(candidates_.begin(), candidates_.end(), kByLogit);
-      worst = candidates_.front().logit;
-    } else if (logit > worst) {
-      std::pop_heap(candidates_.begin(), candidates_.end(), kByLogit);
-      candidates_.back() = {id, logit};
-      std::push_heap(candidates_.begin(), candidates_.end(), kByLogit);
-      worst = candidates_.front().logit;
-    }
-  });
-  std::sort(candidates_.begin(), candidates_.end(), kByLogit);
+  TopKInIdOrder(
+      k, [&](auto visit) { ForEachLogit(logits, visit); }, &candidates_);
 }
 
 void Sampler::SelectMinP(const float* logits) {
@@ -132,7 +107,7 @@ void Sampler::SelectMinP(const float* logits) {
   // is the cut's own expression.
   Candidate best{0, FirstLogit(logits)};
   ForEachLogit(logits, [&](int32_t id, float logit) {
-    if (kByLogit(Candidate{id, logit}, best)) best = {id, logit};
+    if (MoreLikely(Candidate{id, logit}, best)) best = {id, logit};
   });
   const double max_logit = best.logit;
   const double p0 = std::exp(best.logit - max_logit);
@@ -145,13 +120,13 @@ void Sampler::SelectMinP(const float* logits) {
       candidates_.push_back({id, logit});
     }
   });
-  std::sort(candidates_.begin(), candidates_.end(), kByLogit);
+  std::sort(candidates_.begin(), candidates_.end(), MoreLikely);
 }
 
 void Sampler::SelectAll(const float* logits) {
   candidates_.resize(n_vocab_);
   ForEachLogit(logits, [&](int32_t id, float logit) { candidates_[id] = {id, logit}; });
-  std::sort(candidates_.begin(), candidates_.end(), kByLogit);
+  std::sort(candidates_.begin(), candidates_.end(), MoreLikely);
 }
 
 void Sampler::SelectCandidates(const float* logits) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/top_k.h"
 
 namespace kvs {
 
@@ -78,10 +79,7 @@ class Sampler {
                       std::span<const int32_t> in_flight = {});
 
  private:
-  struct Candidate {
-    int32_t id;
-    float logit;
-  };
+  using Candidate = TokenLogit;
 
   // Leaves the surviving candidates in candidates_[0, keep_) with their unnormalized weights in
   // weights_ (sum total_); the draw and the published distribution both read these.

@@ -58,26 +58,14 @@ void StepSampler::Logprobs(const float* row, int32_t token, int32_t k, SampledLo
   out->top.clear();
   k = std::min(k, n_vocab_);
   if (k <= 0) return;
-  // The k most likely, ties by id, from one pass over a heap of k whose front is the worst kept:
-  // ids come in order, so an equal logit loses the tie and only a larger one gets in. The same
-  // k as a partial sort of all n_vocab ids, without building and ordering them.
-  const auto better = [&](int32_t a, int32_t b) {
-    return row[a] > row[b] || (row[a] == row[b] && a < b);
-  };
-  std::vector<int32_t> ids;
-  ids.reserve(k);
-  for (int32_t v = 0; v < n_vocab_; ++v) {
-    if (static_cast<int32_t>(ids.size()) < k) {
-      ids.push_back(v);
-      std::push_heap(ids.begin(), ids.end(), better);
-    } else if (row[v] > row[ids.front()]) {
-      std::pop_heap(ids.begin(), ids.end(), better);
-      ids.back() = v;
-      std::push_heap(ids.begin(), ids.end(), better);
-    }
-  }
-  std::sort(ids.begin(), ids.end(), better);
-  for (int32_t i = 0; i < k; ++i) out->top.push_back({ids[i], row[ids[i]] - lse});
+  std::vector<TokenLogit> best;
+  TopKInIdOrder(
+      static_cast<size_t>(k),
+      [&](auto visit) {
+        for (int32_t v = 0; v < n_vocab_; ++v) visit(v, row[v]);
+      },
+      &best);
+  for (const TokenLogit& t : best) out->top.push_back({t.id, t.logit - lse});
 }
 
 Status StepSampler::SampleRun(const StepRun& r, const float* rows,

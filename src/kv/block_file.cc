@@ -45,11 +45,20 @@ bool ReadIdentity(ByteReader& r, BlockIdentity* id) {
 
 }  // namespace
 
-BlockIdentity MakeBlockIdentity(const Digest128& weights, const KvFormat& format) {
+BlockIdentity MakeBlockIdentity(const Digest128& weights, const KvFormat& format,
+                                int32_t group_index, const KvGroupSpec& group) {
   const KvGeometry& g = format.geometry();
   BlockIdentity id;
   id.model = {weights.lo, weights.hi};
   id.kv_format = {format.fingerprint().lo, format.fingerprint().hi};
+  if (group_index != 0 || group.sliding()) {
+    // Another group's blocks hold other layers' keys: the group is part of what they depend on.
+    // The first, global group keeps the identity of a model with one group (files stay valid).
+    const int64_t parts[] = {static_cast<int64_t>(id.kv_format.lo),
+                             static_cast<int64_t>(id.kv_format.hi), group_index, group.window};
+    const XXH128_hash_t h = XXH3_128bits(parts, sizeof(parts));
+    id.kv_format = {h.low64, h.high64};
+  }
   id.k_type = static_cast<uint8_t>(g.k_type);
   id.v_type = static_cast<uint8_t>(g.v_type);
   id.block_size = g.block_size;

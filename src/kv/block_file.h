@@ -22,6 +22,7 @@
 #include "kv/block_codec.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_format.h"
+#include "kv/kv_group.h"
 
 namespace kvs {
 
@@ -46,8 +47,11 @@ struct BlockIdentity {
   bool operator==(const BlockIdentity&) const = default;
 };
 
-// The identity of the blocks of a pool in this format, for a model with these weights.
-BlockIdentity MakeBlockIdentity(const Digest128& weights, const KvFormat& format);
+// The identity of the blocks of a pool in this format, for a model with these weights, in KV
+// cache group group_index (kv_group.h) of that spec: a group other than the first, global one
+// names itself in kv_format.
+BlockIdentity MakeBlockIdentity(const Digest128& weights, const KvFormat& format,
+                                int32_t group_index = 0, const KvGroupSpec& group = {});
 
 struct BlockFileHeader {
   BlockIdentity identity;
