@@ -72,7 +72,7 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter,
       spec_policy_(config.spec),
       evictor_(config.eviction, PolicyOrDefault(config.eviction, std::move(eviction_policy))) {
   KVS_CHECK(config.Validate().ok());
-  kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
+  kv_.set_prefix_caching(config.prefix_caching());
   kv_.set_uncache_listener([this](BlockId id, const BlockHash& hash, bool reused) {
     for (auto& t : tiers_) {
       t->OnUncache(id, hash, reused);
