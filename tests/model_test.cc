@@ -6,7 +6,7 @@
 #include <random>
 #include <sstream>
 
-#include "engine/generate.h"
+#include "api/generate.h"
 #include "engine/single_sequence.h"
 #include "testing/test_models.h"
 #include "testing/tiny_model.h"

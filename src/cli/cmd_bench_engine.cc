@@ -13,10 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/engine_setup.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "engine/engine.h"
-#include "engine/engine_builder.h"
 #include "kvserve/kvserve.h"
 
 namespace kvs::cli {
@@ -89,15 +89,16 @@ struct MemoryResult {
 
 Expected<MemoryResult> ServeWorkload(const Model& model, const std::vector<Job>& jobs,
                                      const MemoryArgs& a, bool contiguous, ThreadPool& pool) {
-  EngineConfig cfg;
-  cfg.n_ctx = a.n_ctx;
-  cfg.max_seqs = a.max_seqs;
-  cfg.max_batch_tokens = a.max_batch_tokens;
-  cfg.block_size = a.block_size;
-  cfg.n_blocks = static_cast<int32_t>(a.kv_contexts * a.n_ctx / a.block_size) + 1;
-  cfg.reserve_full_context = contiguous;
-  KVS_RETURN_IF_ERROR(cfg.Validate());
-  KVS_ASSIGN_OR_RETURN(LocalEngine local, EngineBuilder(model, nullptr, pool).Local(cfg));
+  kvserve::EngineOptions eo;  // f32 K/V, a pool of exactly kv_contexts full contexts
+  eo.n_ctx = a.n_ctx;
+  eo.n_parallel = a.max_seqs;
+  eo.max_batch_tokens = a.max_batch_tokens;
+  eo.block_size = a.block_size;
+  eo.cache_type_k = eo.cache_type_v = "f32";
+  eo.reserve_full_context = contiguous;
+  const PoolShape shape{static_cast<int32_t>(a.kv_contexts * a.n_ctx / a.block_size) + 1};
+  KVS_ASSIGN_OR_RETURN(EngineSetup setup, ResolveEngineOptions(eo, model, nullptr, shape));
+  KVS_ASSIGN_OR_RETURN(LocalEngine local, BuildLocalEngine(std::move(setup), model, nullptr, pool));
   Engine& engine = *local.engine;
   int64_t output_tokens = 0, prompt_tokens = 0;
   for (const Job& job : jobs) {

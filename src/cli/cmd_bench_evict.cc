@@ -9,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/engine_setup.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "engine/engine.h"
-#include "engine/engine_builder.h"
 #include "kvserve/kvserve.h"
 
 namespace kvs::cli {
@@ -25,11 +25,14 @@ struct EvictArgs {
   int32_t prompt_tokens = 512;
   int32_t gen_tokens = 2048;
   int32_t depth = 0;  // -d: the prompt's length, when given (the depth decoding starts at)
-  std::string kv_budget = "25%";
+  // --kv-budget (default 25%), --kv-sink, --kv-window, --evict-policy, --evict-every,
+  // --cache-type-k/-v and --max-batch-tokens; the rest is set from the workload.
+  kvserve::EngineOptions engine = [] {
+    kvserve::EngineOptions o;
+    o.kv_budget = "25%";
+    return o;
+  }();
   std::string kv_memory;  // default: a pool that holds 4 requests without eviction
-  EvictionConfig eviction;
-  std::string cache_type_k = "f16", cache_type_v = "f16";
-  int32_t max_batch_tokens = 512;
   int32_t threads = ThreadPool::DefaultThreadCount();
   uint64_t seed = 42;
   bool json = false;
@@ -70,10 +73,10 @@ struct EvictRun {
 };
 
 Expected<EvictRun> RunOnce(const Model& model, const Tokenizer* tokenizer, ThreadPool& pool,
-                           const EngineConfig& cfg, const KvFormatOptions& kv,
-                           const std::vector<std::vector<int32_t>>& prompts, int32_t gen_tokens,
-                           bool quiet, const char* label) {
-  KVS_ASSIGN_OR_RETURN(LocalEngine local, EngineBuilder(model, tokenizer, pool, kv).Local(cfg));
+                           EngineSetup setup, const std::vector<std::vector<int32_t>>& prompts,
+                           int32_t gen_tokens, bool quiet, const char* label) {
+  KVS_ASSIGN_OR_RETURN(LocalEngine local,
+                       BuildLocalEngine(std::move(setup), model, tokenizer, pool));
   Engine& engine = *local.engine;
   int64_t out_tokens = 0, decode_tokens = 0;
   int32_t finished_this_step = 0, started = 0;
@@ -138,72 +141,59 @@ Expected<EvictRun> RunOnce(const Model& model, const Tokenizer* tokenizer, Threa
   return r;
 }
 
+// The engine of both runs, from a's options: the workload's context and concurrency over a pool
+// of --kv-memory (default: four requests at full length, and the 1% watermark); with_budget
+// false: the baseline, without eviction.
+Expected<EngineSetup> EvictSetup(const EvictArgs& a, const Model& model, const Tokenizer* tok,
+                                 bool with_budget) {
+  kvserve::EngineOptions eo = a.engine;
+  const int32_t length = a.prompt_tokens + a.gen_tokens;
+  eo.n_ctx = length + 1;
+  eo.n_parallel = a.concurrency;
+  eo.block_size = 16;
+  if (!with_budget) eo.kv_budget.clear();
+  KVS_ASSIGN_OR_RETURN(const KvGeometry geometry, CacheGeometry(model.config(), eo.block_size,
+                                                                eo.cache_type_k, eo.cache_type_v));
+  const int64_t block_bytes = geometry.BytesPerBlock();
+  int64_t kv_bytes = 0;
+  if (!a.kv_memory.empty()) {
+    std::string error;
+    if (!ParseMemorySize(a.kv_memory, &kv_bytes, &error)) return Status::Error(error);
+  } else {
+    const int64_t per_seq = (length + eo.block_size - 1) / eo.block_size;
+    kv_bytes = (4 * per_seq * 101 / 100 + 1) * block_bytes;
+  }
+  const int64_t n_blocks = kv_bytes / block_bytes + 1;
+  if (n_blocks < 3 || n_blocks > (int64_t{1} << 30)) {
+    return Status::Error(
+        StrFormat("--kv-memory holds %lld blocks of %lld bytes: too few or too many",
+                  static_cast<long long>(n_blocks - 1), static_cast<long long>(block_bytes)));
+  }
+  KVS_ASSIGN_OR_RETURN(
+      EngineSetup setup,
+      ResolveEngineOptions(eo, model, tok, PoolShape{static_cast<int32_t>(n_blocks)}));
+  if (with_budget && !setup.config.eviction.budget.active()) {
+    return Status::Error("bench evict needs a --kv-budget (e.g. 25% or 1024)");
+  }
+  return setup;
+}
+
 int RunEvict(EvictArgs a) {
   std::string path = a.model;
   if (!ResolveModelPath(path)) return 1;
   if (a.depth > 0) a.prompt_tokens = a.depth;
   if (a.concurrency <= 0 || a.concurrency > a.requests) a.concurrency = a.requests;
-  auto budget = ParseKvBudget(a.kv_budget, a.eviction.guard);
-  if (!budget.ok()) {
-    std::fprintf(stderr, "error: %s\n", budget.error().c_str());
-    return 1;
-  }
-  if (!budget->active()) {
-    std::fprintf(stderr, "error: bench evict needs a --kv-budget (e.g. 25%% or 1024)\n");
-    return 1;
-  }
-  a.eviction.budget = *budget;
   LoadedModel loaded;
   if (!LoadModelWithTokenizer(path, a.model_options.check_tensors, &loaded)) return 1;
   const Model& model = *loaded.model;
   const Tokenizer* tok = loaded.tokenizer.get();
-  KvFormatOptions kv;
-  for (auto [name, type] :
-       {std::pair{&a.cache_type_k, &kv.types.k}, std::pair{&a.cache_type_v, &kv.types.v}}) {
-    auto parsed = ParseKvType(*name);
-    if (!parsed) {
-      std::fprintf(stderr, "error: %s\n", parsed.error().c_str());
-      return 1;
-    }
-    *type = *parsed;
-  }
-  const int32_t length = a.prompt_tokens + a.gen_tokens;
-  EngineConfig cfg;
-  cfg.n_ctx = length + 1;
-  cfg.max_seqs = a.concurrency;
-  cfg.max_batch_tokens = a.max_batch_tokens;
-  cfg.block_size = 16;
-  cfg.eviction = a.eviction;
-  const KvGeometry geometry = ModelKvGeometry(model.config(), cfg.block_size, kv.types);
-  if (Status st = geometry.Validate(); !st.ok()) {
-    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+  auto setup = EvictSetup(a, model, tok, /*with_budget=*/true);
+  if (!setup.ok()) {
+    std::fprintf(stderr, "error: %s\n", setup.error().c_str());
     return 1;
   }
-  const int64_t block_bytes = geometry.BytesPerBlock();
-  int64_t kv_bytes = 0;
-  if (!a.kv_memory.empty()) {
-    std::string error;
-    if (!ParseMemorySize(a.kv_memory, &kv_bytes, &error)) {
-      std::fprintf(stderr, "error: --kv-memory '%s': %s\n", a.kv_memory.c_str(), error.c_str());
-      return 1;
-    }
-  } else {
-    // Four requests at their full length, and the 1% watermark.
-    const int64_t per_seq = (length + cfg.block_size - 1) / cfg.block_size;
-    kv_bytes = (4 * per_seq * 101 / 100 + 1) * block_bytes;
-  }
-  const int64_t n_blocks = kv_bytes / block_bytes + 1;
-  if (n_blocks < 3 || n_blocks > (int64_t{1} << 30)) {
-    std::fprintf(stderr,
-                 "error: --kv-memory holds %lld blocks of %lld bytes: too few or too many\n",
-                 static_cast<long long>(n_blocks - 1), static_cast<long long>(block_bytes));
-    return 1;
-  }
-  cfg.n_blocks = static_cast<int32_t>(n_blocks);
-  if (Status st = cfg.Validate(); !st.ok()) {
-    std::fprintf(stderr, "error: %s\n", st.message().c_str());
-    return 1;
-  }
+  const EngineConfig cfg = setup->config;
+  const int64_t block_bytes = setup->geometry.BytesPerBlock();
   std::mt19937_64 rng(a.seed);
   std::uniform_int_distribution<int32_t> token(3, model.config().n_vocab - 1);
   std::vector<std::vector<int32_t>> prompts(a.requests, std::vector<int32_t>(a.prompt_tokens));
@@ -219,9 +209,9 @@ int RunEvict(EvictArgs a) {
                  a.requests, a.prompt_tokens, a.gen_tokens, a.concurrency,
                  static_cast<long long>(usable), cfg.block_size,
                  static_cast<double>(usable) * block_bytes / (1 << 20),
-                 a.eviction.budget.ToString().c_str(), a.eviction.policy.c_str());
+                 cfg.eviction.budget.ToString().c_str(), cfg.eviction.policy.c_str());
   }
-  auto evict = RunOnce(model, tok, pool, cfg, kv, prompts, a.gen_tokens, a.json, "evict");
+  auto evict = RunOnce(model, tok, pool, *setup, prompts, a.gen_tokens, a.json, "evict");
   if (!evict.ok()) {
     std::fprintf(stderr, "error: %s\n", evict.error().c_str());
     return 1;
@@ -231,12 +221,12 @@ int RunEvict(EvictArgs a) {
                       {"concurrency", a.concurrency},
                       {"prompt_tokens", a.prompt_tokens},
                       {"gen_tokens", a.gen_tokens},
-                      {"kv_budget", a.eviction.budget.ToString()},
-                      {"evict_policy", a.eviction.policy},
-                      {"kv_sink", a.eviction.guard.sink},
-                      {"kv_window", a.eviction.guard.window},
-                      {"cache_type_k", a.cache_type_k},
-                      {"cache_type_v", a.cache_type_v},
+                      {"kv_budget", cfg.eviction.budget.ToString()},
+                      {"evict_policy", cfg.eviction.policy},
+                      {"kv_sink", cfg.eviction.guard.sink},
+                      {"kv_window", cfg.eviction.guard.window},
+                      {"cache_type_k", a.engine.cache_type_k},
+                      {"cache_type_v", a.engine.cache_type_v},
                       {"block_size", cfg.block_size},
                       {"kv_blocks", usable},
                       {"kv_memory_bytes", static_cast<int64_t>(usable) * block_bytes},
@@ -248,9 +238,12 @@ int RunEvict(EvictArgs a) {
                       {"max_concurrent", evict->max_concurrent},
                       {"decode_tps", evict->decode_tps}};
   if (!a.skip_baseline) {
-    EngineConfig base = cfg;
-    base.eviction.budget = KvBudget{};
-    auto plain = RunOnce(model, tok, pool, base, kv, prompts, a.gen_tokens, a.json, "no evict");
+    auto base = EvictSetup(a, model, tok, /*with_budget=*/false);
+    if (!base.ok()) {
+      std::fprintf(stderr, "error: %s\n", base.error().c_str());
+      return 1;
+    }
+    auto plain = RunOnce(model, tok, pool, *base, prompts, a.gen_tokens, a.json, "no evict");
     if (!plain.ok()) {
       std::fprintf(stderr, "error: %s\n", plain.error().c_str());
       return 1;
@@ -275,7 +268,7 @@ int RunEvict(EvictArgs a) {
       "| run | max concurrent | peak blocks/seq | preemptions | output t/s | decode t/s |\n"
       "|---|---|---|---|---|---|\n");
   std::printf("| --kv-budget %s | %d | %d | %lld | %.1f | %.1f |\n",
-              a.eviction.budget.ToString().c_str(), evict->max_concurrent,
+              cfg.eviction.budget.ToString().c_str(), evict->max_concurrent,
               evict->peak_blocks_per_seq, static_cast<long long>(evict->preemptions),
               evict->output_tps, evict->decode_tps);
   if (j.contains("no_evict")) {
@@ -314,28 +307,29 @@ Runner AddEvictBenchCommand(CLI::App* bench) {
                   "Prompt length, as --prompt-tokens (the depth decoding "
                   "starts at)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--kv-budget", a->kv_budget, "Positions each sequence keeps, or N% of its length")
+  cmd->add_option("--kv-budget", a->engine.kv_budget,
+                  "Positions each sequence keeps, or N% of its length")
       ->capture_default_str();
-  cmd->add_option("--kv-sink", a->eviction.guard.sink, "First positions never evicted")
+  cmd->add_option("--kv-sink", a->engine.kv_sink, "First positions never evicted")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-window", a->eviction.guard.window, "Recent positions never evicted")
+  cmd->add_option("--kv-window", a->engine.kv_window, "Recent positions never evicted")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--evict-policy", a->eviction.policy, "streaming, keydiff, h2o, snapkv, tri")
+  cmd->add_option("--evict-policy", a->engine.evict_policy, "streaming, keydiff, h2o, snapkv, tri")
       ->capture_default_str()
       ->check(CLI::IsMember({"keydiff", "streaming", "h2o", "snapkv", "tri"}));
-  cmd->add_option("--evict-every", a->eviction.every,
+  cmd->add_option("--evict-every", a->engine.evict_every,
                   "Decode steps between evictions (0: a block past the budget)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-memory", a->kv_memory,
                   "KV pool of both runs (default: 4 requests at full length without eviction)");
-  cmd->add_option("--cache-type-k", a->cache_type_k, "KV cache type of keys; also -ctk")
+  cmd->add_option("--cache-type-k", a->engine.cache_type_k, "KV cache type of keys; also -ctk")
       ->capture_default_str();
-  cmd->add_option("--cache-type-v", a->cache_type_v, "KV cache type of values; also -ctv")
+  cmd->add_option("--cache-type-v", a->engine.cache_type_v, "KV cache type of values; also -ctv")
       ->capture_default_str();
-  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per step")
+  cmd->add_option("--max-batch-tokens", a->engine.max_batch_tokens, "Tokens per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
   cmd->add_option("-t,--threads", a->threads, kThreadsHelp)

@@ -309,17 +309,6 @@ bool ParseMemorySize(const std::string& text, int64_t* bytes, std::string* error
 
 bool ResolveSpecFlags(EngineFlags* f) {
   kvserve::EngineOptions& o = f->options;
-  if (o.draft_min > o.draft_max) {
-    std::fprintf(stderr, "error: --draft-min %d is more than --draft-max %d\n", o.draft_min,
-                 o.draft_max);
-    return false;
-  }
-  if (o.spec_type == "draft" && f->draft_model_path.empty()) {
-    std::fprintf(stderr,
-                 "error: --spec-type draft needs a draft model: -md/--model-draft FILE (a GGUF "
-                 "with the same vocabulary)\n");
-    return false;
-  }
   // -md alone means a draft model, as llama.cpp
   if (!f->draft_model_path.empty() && o.spec_type == "none") o.spec_type = "draft";
   const auto given = [](const CLI::Option* flag) { return flag && flag->count() > 0; };
@@ -339,11 +328,9 @@ bool ResolveSpecFlags(EngineFlags* f) {
       return false;
     }
   }
+  // The rest (--draft-min against --draft-max, a draft type without -md, -md with another type)
+  // is ResolveEngineOptions' (api/engine_setup.h), as for every user of the API.
   if (f->draft_model_path.empty()) return true;
-  if (o.spec_type != "draft") {
-    std::fprintf(stderr, "error: -md/--model-draft is only used with --spec-type draft\n");
-    return false;
-  }
   std::string error;
   o.draft_model = kvserve::Model::Load(f->draft_model_path, &error);
   if (!o.draft_model) {

@@ -56,8 +56,10 @@ CLI::Validator RealRange(double lo, double hi, bool lo_open = false);
 // stderr, when one does not parse.
 bool ResolveKvMemory(EngineFlags* flags);
 
-// Loads -md (when given) into options.draft_model and checks the speculation flags go together;
-// false, with the error on stderr, otherwise.
+// Loads -md (when given) into options.draft_model and refuses the speculation flags given without
+// the --spec-type that uses them (what only the command line knows: whether a flag was given);
+// false, with the error on stderr, otherwise. The options themselves are checked where every
+// engine's are, by kvserve::Engine::Start (ResolveEngineOptions, api/engine_setup.h).
 bool ResolveSpecFlags(EngineFlags* flags);
 
 // "512M", "2GiB", "1e9", "2T", "25%" (of the available RAM) -> bytes; false, with an error naming

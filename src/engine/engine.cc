@@ -74,7 +74,7 @@ Engine::Engine(const EngineConfig& config, StepRunner& runner, Drafter* drafter,
       evictor_(config.eviction, PolicyOrDefault(config.eviction, std::move(eviction_policy))),
       connectors_(kv_) {
   KVS_CHECK(config.Validate().ok());
-  kv_.set_prefix_caching(config.prefix_cache && !config.reserve_full_context);
+  kv_.set_prefix_caching(config.prefix_caching());
   if (config.kv_event_sink) connectors_.AttachEventSink(config.kv_event_sink);
 }
 

@@ -53,6 +53,9 @@ struct EngineConfig {
   KvEventSink* kv_event_sink = nullptr;  // KV events (--kv-events); not owned, outlives the engine
 
   Status Validate() const;
+  // Whether full blocks are shared (the contiguous baseline never shares): what the tiers and
+  // KV events need.
+  bool prefix_caching() const { return prefix_cache && !reserve_full_context; }
 };
 
 struct EngineStepStats {

@@ -184,7 +184,7 @@ Expected<KvTiers> EngineBuilder::Tiers(const EngineConfig& config, ModelRunner& 
   KvTiers tiers;
   for (const TierKind& kind : TierKinds()) {
     if (!kind.configured(config)) continue;
-    if (!config.prefix_cache || config.reserve_full_context) {
+    if (!config.prefix_caching()) {
       return Status::Error(std::string(kind.flag) +
                            " stores the prefix cache's blocks: it needs the prefix cache");
     }

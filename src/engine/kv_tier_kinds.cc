@@ -124,10 +124,7 @@ std::string ReadOnlyReason(const std::string& dir) {
 
 // --kv-disk DIR: a read-only directory leaves the tier off (null) instead of failing the start.
 Expected<std::unique_ptr<KvTier>> DiskTier(const TierContext& ctx) {
-  const EngineConfig& config = ctx.config;
-  if (!config.prefix_cache || config.reserve_full_context) {
-    return Status::Error("--kv-disk stores the prefix cache's blocks: it needs the prefix cache");
-  }
+  const EngineConfig& config = ctx.config;  // with prefix caching: EngineBuilder::Tiers checked
   const auto t0 = std::chrono::steady_clock::now();
   const std::string& dir = config.kv_disk.dir;
   if (std::string why = ReadOnlyReason(dir); !why.empty()) {

@@ -1,4 +1,5 @@
-// Single-sequence generation: prefill the prompt, then sample token by token.
+// Single-sequence generation: prefill the prompt, then sample token by token (one request
+// through an engine built from kvserve::EngineOptions, api/engine_setup.h).
 #pragma once
 
 #include <cstdint>

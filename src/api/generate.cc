@@ -1,12 +1,11 @@
-#include "engine/generate.h"
+#include "api/generate.h"
 
 #include <unistd.h>
 #include <algorithm>
 
 #include <chrono>
 
-#include "engine/engine.h"
-#include "engine/engine_builder.h"
+#include "api/engine_setup.h"
 
 namespace kvs {
 namespace {
@@ -41,14 +40,15 @@ Expected<GenerateStats> Generate(const Model& model, const std::vector<int32_t>&
   }
 
   if (budget == 0) return GenerateStats{static_cast<int32_t>(prompt.size()), 0, 0, 0};
-  // One request through the engine, in a pool of just the blocks it can use.
-  EngineConfig ec;
-  ec.n_ctx = cache_tokens + 1;  // the last sampled token is never computed
-  ec.max_seqs = 1;
-  ec.block_size = kKvBlockTokens;
-  ec.watermark_blocks = 0;
-  ec.n_blocks = (cache_tokens + kKvBlockTokens - 1) / kKvBlockTokens + 1;
-  KVS_ASSIGN_OR_RETURN(LocalEngine local, EngineBuilder(model, nullptr, pool).Local(ec));
+  // One request through the engine, in a pool of just the blocks it can use (f32 K/V).
+  kvserve::EngineOptions eo;
+  eo.n_ctx = cache_tokens + 1;  // the last sampled token is never computed
+  eo.n_parallel = 1;
+  eo.block_size = kKvBlockTokens;
+  eo.cache_type_k = eo.cache_type_v = "f32";
+  const PoolShape shape{(cache_tokens + kKvBlockTokens - 1) / kKvBlockTokens + 1, 0};
+  KVS_ASSIGN_OR_RETURN(EngineSetup setup, ResolveEngineOptions(eo, model, nullptr, shape));
+  KVS_ASSIGN_OR_RETURN(LocalEngine local, BuildLocalEngine(std::move(setup), model, nullptr, pool));
   Engine& engine = *local.engine;
   RequestOptions ro;
   ro.sampling = options.sampling;
