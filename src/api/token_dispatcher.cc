@@ -5,8 +5,11 @@
 namespace kvserve {
 
 TokenDispatcher::TokenDispatcher(const kvs::Tokenizer& tokenizer,
-                                 const std::vector<std::string>* tier_labels)
-    : tokenizer_(tokenizer), tier_labels_(tier_labels), thread_([this] { Loop(); }) {}
+                                 const std::vector<std::string>* tier_labels, Clock now)
+    : tokenizer_(tokenizer),
+      tier_labels_(tier_labels),
+      now_(std::move(now)),
+      thread_([this] { Loop(); }) {}
 
 TokenDispatcher::~TokenDispatcher() {
   Drain();
@@ -16,13 +19,19 @@ kvs::TokenCallback TokenDispatcher::Bind(TokenCallback on_token) {
   auto stream = std::make_shared<Stream>();
   stream->on_token = std::move(on_token);
   return [this, stream = std::move(stream)](const kvs::TokenEvent& e) {
+    urgent_ = urgent_ || !stream->started || e.finished;
+    stream->started = true;
     kept_.push_back({stream, e});
   };
 }
 
 void TokenDispatcher::Flush() {
-  if (kept_.empty()) return;
-  bool wake;
+  if (kept_.empty() && !deferred_) return;
+  const auto now = now_();
+  const bool due = urgent_ || now - last_wake_ >= kMaxDeferral;
+  if (kept_.empty() && !due) return;
+  urgent_ = false;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (queue_.empty()) {
@@ -31,11 +40,21 @@ void TokenDispatcher::Flush() {
       for (Item& item : kept_) queue_.push_back(std::move(item));
       kept_.clear();
     }
-    wake = idle_;
-    idle_ = false;
+    // None while the thread is still delivering: it takes the queue when it is done.
+    if (idle_ && !queue_.empty() && due) {
+      wake = true;
+      idle_ = false;
+    }
+    deferred_ = idle_ && !queue_.empty();
   }
-  // One wake-up per step at most, and none while the thread is still delivering.
+  // The last hand-off: a wake-up, or a queue the busy thread takes when done.
+  if (!deferred_) last_wake_ = now;
   if (wake) wake_.notify_one();
+}
+
+bool TokenDispatcher::idle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return idle_ && queue_.empty();
 }
 
 void TokenDispatcher::Drain() {
