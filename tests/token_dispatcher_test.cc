@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -57,65 +58,66 @@ kvs::TokenEvent Event(int32_t token, bool finished = false) {
   return e;
 }
 
-TEST(TokenDispatcher, DeferredEventsAreDeliveredByALaterFlushEvenWithNothingNew) {
-  auto tokenizer = TinyTokenizer();
-  ASSERT_NE(tokenizer, nullptr);
-  const std::vector<std::string> labels;
-  TimePoint now{};  // the loop thread's clock; only Flush reads it
-  Delivered got;    // before d: it outlives the dispatcher's last delivery
-  kvserve::TokenDispatcher d(*tokenizer, &labels, [&now] { return now; });
-  kvs::TokenCallback cb = d.Bind([&got](const kvserve::TokenEvent& e) {
-    std::lock_guard<std::mutex> lock(got.mu);
-    got.tokens.push_back(e.token);
-    got.cv.notify_all();
-  });
-  ASSERT_TRUE(WaitIdle(d));
-  now += std::chrono::seconds(1);
-  cb(Event(40));  // the first event: delivered at once
-  d.Flush();
-  ASSERT_TRUE(got.WaitFor(1));
-  ASSERT_TRUE(WaitIdle(d));
-  // A second one within kMaxDeferral of that wake-up may wait; a flush past it, with no event of
-  // its own, delivers it.
-  now += kvserve::TokenDispatcher::kMaxDeferral / 4;
-  cb(Event(41));
-  d.Flush();
-  EXPECT_EQ(got.size(), 1u) << "a second event waits for the next wake-up";
-  now += kvserve::TokenDispatcher::kMaxDeferral;
-  d.Flush();
-  ASSERT_TRUE(got.WaitFor(2));
+// A dispatcher on a clock the test moves, delivering into got; its thread asleep to start with.
+class TokenDispatcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokenizer_ = TinyTokenizer();
+    ASSERT_NE(tokenizer_, nullptr);
+    d_ = std::make_unique<kvserve::TokenDispatcher>(*tokenizer_, &labels_, [this] { return now_; });
+    cb_ = d_->Bind([this](const kvserve::TokenEvent& e) {
+      std::lock_guard<std::mutex> lock(got_.mu);
+      got_.tokens.push_back(e.token);
+      got_.cv.notify_all();
+    });
+    ASSERT_TRUE(WaitIdle(*d_));
+    now_ += std::chrono::seconds(1);
+  }
+  void TearDown() override {
+    if (d_) d_->Drain();  // before got_ goes: the thread may still deliver into it
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  const std::vector<std::string> labels_;
+  TimePoint now_{};  // only Flush, on this thread, reads it
+  Delivered got_;
+  std::unique_ptr<kvserve::TokenDispatcher> d_;
+  kvs::TokenCallback cb_;
+};
+
+TEST_F(TokenDispatcherTest, DeferredEventsAreDeliveredByALaterFlushEvenWithNothingNew) {
+  cb_(Event(40));  // the first event: delivered at once
+  d_->Flush();
+  ASSERT_TRUE(got_.WaitFor(1));
+  ASSERT_TRUE(WaitIdle(*d_));
+  // A second one within kMaxDeferral of that wake-up waits; a flush past it, with no event of its
+  // own, delivers it.
+  now_ += kvserve::TokenDispatcher::kMaxDeferral / 4;
+  cb_(Event(41));
+  d_->Flush();
+  EXPECT_EQ(got_.size(), 1u) << "a second event waits for the next wake-up";
+  now_ += kvserve::TokenDispatcher::kMaxDeferral;
+  d_->Flush();
+  ASSERT_TRUE(got_.WaitFor(2));
   // The end wakes the thread at once, whatever the clock.
-  cb(Event(42));
-  d.Flush();
-  cb(Event(43, /*finished=*/true));
-  d.Flush();
-  ASSERT_TRUE(got.WaitFor(4));
-  d.Drain();
-  EXPECT_EQ(got.tokens, (std::vector<int32_t>{40, 41, 42, 43}));
+  cb_(Event(42));
+  d_->Flush();
+  cb_(Event(43, /*finished=*/true));
+  d_->Flush();
+  ASSERT_TRUE(got_.WaitFor(4));
+  d_->Drain();
+  EXPECT_EQ(got_.tokens, (std::vector<int32_t>{40, 41, 42, 43}));
 }
 
-TEST(TokenDispatcher, DrainDeliversWhatStillWaits) {
-  auto tokenizer = TinyTokenizer();
-  ASSERT_NE(tokenizer, nullptr);
-  const std::vector<std::string> labels;
-  TimePoint now{};
-  Delivered got;
-  kvserve::TokenDispatcher d(*tokenizer, &labels, [&now] { return now; });
-  kvs::TokenCallback cb = d.Bind([&got](const kvserve::TokenEvent& e) {
-    std::lock_guard<std::mutex> lock(got.mu);
-    got.tokens.push_back(e.token);
-    got.cv.notify_all();
-  });
-  ASSERT_TRUE(WaitIdle(d));
-  now += std::chrono::seconds(1);
-  cb(Event(40));
-  d.Flush();
-  ASSERT_TRUE(got.WaitFor(1));
-  ASSERT_TRUE(WaitIdle(d));
-  cb(Event(41));  // deferred: the clock has not moved
-  d.Flush();
-  d.Drain();
-  EXPECT_EQ(got.size(), 2u);
+TEST_F(TokenDispatcherTest, DrainDeliversWhatStillWaits) {
+  cb_(Event(40));
+  d_->Flush();
+  ASSERT_TRUE(got_.WaitFor(1));
+  ASSERT_TRUE(WaitIdle(*d_));
+  cb_(Event(41));  // deferred: the clock has not moved
+  d_->Flush();
+  d_->Drain();
+  EXPECT_EQ(got_.size(), 2u);
 }
 
 }  // namespace
