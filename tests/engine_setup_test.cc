@@ -79,6 +79,27 @@ TEST_F(EngineSetupTest, DefaultKvMemoryHoldsNParallelContexts) {
   EXPECT_EQ(setup->options.kv_memory_bytes, 35 * 4096);
 }
 
+// A model with sliding-window layers keeps a block table per kind of attention: the default
+// pool holds n_parallel full contexts in every group. Window 24 with pattern 2 (layer 0 local,
+// layer 1 global), -c 256, chunks of 32: 16 global blocks + min(16, ceil(56 / 16) + 2 = 6) local
+// per sequence, so ceil((2 x 22 + 1) x 1.02) + 1 = 47 blocks.
+TEST_F(EngineSetupTest, DefaultKvMemoryHoldsEveryKvGroupOfNParallelContexts) {
+  gguf::Writer w = testing::MakeTinyModelWriter({});
+  w.Set("llama.attention.sliding_window", gguf::Value::Uint32(24));
+  w.Set("llama.attention.sliding_window_pattern", gguf::Value::Uint32(2));
+  auto f = gguf::File::FromBytes(w.Serialize());
+  ASSERT_TRUE(f.ok()) << f.error();
+  auto sliding = Model::FromFile(std::move(*f));
+  ASSERT_TRUE(sliding.ok()) << sliding.error();
+  ASSERT_EQ((*sliding)->config().kv_groups.size(), 2u);
+  kvserve::EngineOptions o = Small();
+  o.kv_memory_bytes = 0;
+  o.max_batch_tokens = 32;
+  auto setup = ResolveEngineOptions(o, **sliding, tokenizer_);
+  ASSERT_TRUE(setup.ok()) << setup.error();
+  EXPECT_EQ(setup->config.n_blocks, 47);
+}
+
 TEST_F(EngineSetupTest, ExactPoolShape) {
   kvserve::EngineOptions o = Small();
   o.n_parallel = 1;

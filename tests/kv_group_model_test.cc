@@ -178,6 +178,46 @@ TEST(KvGroupModel, TheEngineComputesWhatOneSequenceDoes) {
   }
 }
 
+// Every layer local (pattern 0): one KV cache group, a sliding one, refused as two are.
+TEST(KvGroupModel, AModelOfOnlySlidingLayersIsRefusedWhatWindowsDoNotWorkWithYet) {
+  auto model = TinyModel(24, 0);
+  ASSERT_NE(model, nullptr);
+  ASSERT_EQ(model->config().kv_groups.size(), 1u);
+  EXPECT_TRUE(model->config().kv_groups[0].sliding());
+  ThreadPool pool(1);
+  EngineConfig ec;
+  ec.n_ctx = 128;
+  ec.n_blocks = 64;
+  ec.eviction.budget.value = 64;
+  auto local = EngineBuilder(*model, nullptr, pool).Local(ec);
+  ASSERT_FALSE(local.ok());
+  EXPECT_NE(local.error().find("token eviction (--kv-budget) does not work yet with a model that "
+                               "has sliding-window layers (1 KV cache group)"),
+            std::string::npos)
+      << local.error();
+  ec.eviction.budget = {};
+  auto ok = EngineBuilder(*model, nullptr, pool).Local(ec);
+  ASSERT_TRUE(ok.ok()) << ok.error();
+  RequestOptions o;
+  o.kv_budget.value = 64;
+  EXPECT_FALSE(ok->engine->ValidateRequest(Prompt(10, 0), o).ok());
+}
+
+TEST(KvGroupModel, APatternArrayOfAnotherTypeIsRefusedNamingIt) {
+  testing::TinyModelSpec spec;
+  spec.n_layer = kLayers;
+  gguf::Writer w = testing::MakeTinyModelWriter(spec);
+  w.Set("llama.attention.sliding_window", gguf::Value::Uint32(24));
+  w.Set("llama.attention.sliding_window_pattern", gguf::Value::Float32Array({1.f, 0.f, 1.f, 0.f}));
+  auto f = gguf::File::FromBytes(w.Serialize());
+  ASSERT_TRUE(f.ok()) << f.error();
+  auto model = Model::FromFile(std::move(*f));
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.error().find("'llama.attention.sliding_window_pattern' is an array of"),
+            std::string::npos)
+      << model.error();
+}
+
 TEST(KvGroupModel, WhatDoesNotKnowGroupsYetIsRefusedByName) {
   auto model = TinyModel(24, 2);
   ASSERT_NE(model, nullptr);

@@ -52,6 +52,12 @@ class Model {
   // -1 if a type is unknown or cannot hold this model's head size.
   double kv_bytes_per_token(const std::string& cache_type_k = "f16",
                             const std::string& cache_type_v = "f16") const;
+  // KV blocks of block_size positions one sequence of `positions` positions holds at its peak,
+  // prefilled in chunks of at most max_batch_tokens: a model with sliding-window layers keeps a
+  // block table per kind of attention, and a window's holds the window (and a chunk), not every
+  // position. Size a pool with it, not with positions / block_size.
+  int64_t kv_blocks_per_sequence(int64_t positions, int32_t block_size,
+                                 int32_t max_batch_tokens) const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }

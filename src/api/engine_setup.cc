@@ -31,9 +31,11 @@ Status CheckParallelism(const EngineOptions& o) {
 }
 
 // The KV pool's size in blocks. Sets o->kv_memory_bytes when it was left to the default.
-Expected<int64_t> KvPoolBlocks(EngineOptions* o, const KvGeometry& geometry) {
+Expected<int64_t> KvPoolBlocks(EngineOptions* o, const KvGeometry& geometry,
+                               std::span<const KvGroupSpec> groups) {
   const int64_t block_bytes = static_cast<int64_t>(geometry.BytesPerBlock());
-  const int64_t blocks_per_seq = (int64_t{o->n_ctx} + o->block_size - 1) / o->block_size;
+  // A full context's blocks in every KV group (a sliding window's: its window and a chunk).
+  const int64_t blocks_per_seq = PeakBlocks(groups, o->n_ctx, o->block_size, o->max_batch_tokens);
   const int64_t available = AvailableRamBytes();
   if (o->kv_memory_bytes <= 0) {
     // n_parallel full sequences, the null block, and the 1% admission watermark on top.
@@ -58,8 +60,9 @@ Expected<int64_t> KvPoolBlocks(EngineOptions* o, const KvGeometry& geometry) {
 }
 
 // The pool: PoolShape's exact one (its bytes in o->kv_memory_bytes), else KvPoolBlocks'.
-Expected<int64_t> PoolBlocks(EngineOptions* o, const KvGeometry& geometry, const PoolShape& pool) {
-  if (pool.n_blocks <= 0) return KvPoolBlocks(o, geometry);
+Expected<int64_t> PoolBlocks(EngineOptions* o, const KvGeometry& geometry,
+                             std::span<const KvGroupSpec> groups, const PoolShape& pool) {
+  if (pool.n_blocks <= 0) return KvPoolBlocks(o, geometry, groups);
   o->kv_memory_bytes = int64_t{pool.n_blocks} * static_cast<int64_t>(geometry.BytesPerBlock());
   return int64_t{pool.n_blocks};
 }
@@ -181,9 +184,9 @@ Expected<std::optional<ZmqKvEventPublisherConfig>> KvEventsFromOptions(const Eng
 
 // The engine's config, its drafter and its KV events, refusing bad options and options that do
 // not go together. Sets s->options.kv_memory_bytes when it was left to the default.
-Status ConfigureEngine(const PoolShape& pool, EngineSetup* s) {
+Status ConfigureEngine(std::span<const KvGroupSpec> groups, const PoolShape& pool, EngineSetup* s) {
   EngineConfig* ec = &s->config;
-  KVS_ASSIGN_OR_RETURN(const int64_t n_blocks, PoolBlocks(&s->options, s->geometry, pool));
+  KVS_ASSIGN_OR_RETURN(const int64_t n_blocks, PoolBlocks(&s->options, s->geometry, groups, pool));
   KVS_RETURN_IF_ERROR(ConfigureScheduler(s->options, n_blocks, pool.watermark_blocks, ec));
   KVS_ASSIGN_OR_RETURN(s->spec, SpecFromOptions(s->options, ec->spec));
   if (ec->eviction.budget.active() && s->spec.type != SpecType::kNone) {
@@ -234,7 +237,7 @@ Expected<EngineSetup> ResolveEngineOptions(const kvserve::EngineOptions& options
   KVS_ASSIGN_OR_RETURN(s.geometry, CacheGeometry(model.config(), options.block_size,
                                                  options.cache_type_k, options.cache_type_v));
   KVS_RETURN_IF_ERROR(CheckParallelism(options));
-  KVS_RETURN_IF_ERROR(ConfigureEngine(pool, &s));
+  KVS_RETURN_IF_ERROR(ConfigureEngine(model.config().kv_groups, pool, &s));
   s.options.threads = ThreadPool::ResolveThreadCount(options.threads);
   KVS_ASSIGN_OR_RETURN(s.kv, KvFormatFromOptions(s, tokenizer));
   return s;

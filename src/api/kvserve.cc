@@ -99,6 +99,12 @@ double Model::kv_bytes_per_token(const std::string& cache_type_k,
   auto g = kvs::CacheGeometry(impl_->model->config(), 16, cache_type_k, cache_type_v);
   return g ? g->BytesPerToken() : -1.0;
 }
+int64_t Model::kv_blocks_per_sequence(int64_t positions, int32_t block_size,
+                                      int32_t max_batch_tokens) const {
+  if (positions <= 0 || block_size <= 0) return 0;
+  return kvs::PeakBlocks(impl_->model->config().kv_groups, positions, block_size,
+                         std::max(1, max_batch_tokens));
+}
 
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Digest128& weights,
                                      const kvs::KvFormat& format,

@@ -86,7 +86,8 @@ int RunGenerate(GenerateArgs a) {
                                      {eo.kv_sink, eo.kv_window}) +
                              slack));
     }
-    const int64_t blocks = (positions + eo.block_size - 1) / eo.block_size + 2;
+    const int64_t blocks =
+        model->kv_blocks_per_sequence(positions, eo.block_size, eo.max_batch_tokens) + 2;
     const double per_token = model->kv_bytes_per_token(eo.cache_type_k, eo.cache_type_v);
     if (per_token > 0) {  // else Engine::Start reports the bad type
       eo.kv_memory_bytes = static_cast<int64_t>(std::ceil(blocks * eo.block_size * per_token));

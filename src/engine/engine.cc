@@ -114,10 +114,10 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
         "(%d + %d)",
         o.kv_budget.ToString().c_str(), guard.sink, guard.window));
   }
-  if (o.kv_budget.active() && kv_.num_groups() > 1) {
+  if (o.kv_budget.active() && kv_.any_sliding()) {
     return Status::Error(
-        "kv_budget: token eviction does not work yet with a model whose layers attend "
-        "differently (global and sliding-window layers)");
+        "kv_budget: token eviction does not work yet with a model that has sliding-window "
+        "layers");
   }
   // Even alone, a sequence must fit the pool, or preemption could never make room for it.
   int64_t positions = config_.n_ctx;

@@ -38,7 +38,7 @@ Expected<KvFormatPtr> EngineBuilder::Format(int32_t block_size, int32_t n_ctx) {
 
 Status EngineBuilder::CheckKvGroups(const EngineConfig& config) const {
   const std::vector<KvGroupSpec>& groups = model_.config().kv_groups;
-  if (groups.size() <= 1) return Status::Ok();
+  if (!AnySliding(groups)) return Status::Ok();
   // What reads or moves a sequence's KV through one block table does not know groups yet.
   const char* refused = nullptr;
   if (config.eviction.budget.active()) refused = "token eviction (--kv-budget)";
@@ -47,10 +47,10 @@ Status EngineBuilder::CheckKvGroups(const EngineConfig& config) const {
     if (kind.configured(config)) refused = kind.flag;
   }
   if (refused == nullptr) return Status::Ok();
-  return Status::Error(StrFormat(
-      "%s does not work yet with a model whose layers attend differently (%zu KV cache groups: "
-      "global and sliding-window layers)",
-      refused, groups.size()));
+  return Status::Error(
+      StrFormat("%s does not work yet with a model that has sliding-window layers (%zu KV cache "
+                "group%s)",
+                refused, groups.size(), groups.size() == 1 ? "" : "s"));
 }
 
 Expected<std::unique_ptr<ModelRunner>> EngineBuilder::Runner(const EngineConfig& config) {

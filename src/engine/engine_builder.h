@@ -56,7 +56,7 @@ class EngineBuilder {
   Expected<std::unique_ptr<SingleSequence>> Single(int32_t n_ctx);
 
  private:
-  // Refuses what does not work yet with several KV groups (a model with sliding-window layers).
+  // Refuses what does not work yet with sliding-window layers (kv_group.h AnySliding).
   Status CheckKvGroups(const EngineConfig& config) const;
   // The tiers config names (engine/kv_tier_kinds.h) over runner's KV, in order; empty when it
   // names none.

@@ -109,15 +109,9 @@ int32_t KvCacheManager::BlocksToAdopt(const PrefixMatch& prefix, int32_t n_new) 
 }
 
 int64_t KvCacheManager::PeakBlocks(int64_t positions, int32_t max_chunk) const {
-  const int64_t all = (positions + block_size_ - 1) / block_size_;
-  int64_t n = 0;
-  for (const Group& g : groups_) {
-    // A window's blocks, a chunk's, and one each side that either may straddle.
-    const int64_t window =
-        (static_cast<int64_t>(g.spec.window) + max_chunk + block_size_ - 1) / block_size_ + 2;
-    n += g.spec.sliding() ? std::min(all, window) : all;
-  }
-  return n;
+  std::vector<KvGroupSpec> specs;
+  for (const Group& g : groups_) specs.push_back(g.spec);
+  return kvs::PeakBlocks(specs, positions, block_size_, max_chunk);
 }
 
 bool KvCacheManager::AllocateBlocks(int32_t n, std::vector<BlockId>* out) {

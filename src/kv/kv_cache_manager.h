@@ -4,6 +4,7 @@
 // model runner from the BlockCopy list that Append returns.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -79,6 +80,10 @@ class KvCacheManager {
 
   int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
   const KvGroupSpec& group(int32_t g) const { return groups_[g].spec; }
+  bool any_sliding() const {
+    return std::any_of(groups_.begin(), groups_.end(),
+                       [](const Group& g) { return g.spec.sliding(); });
+  }
   bool Contains(SeqId seq) const { return groups_[0].tables.contains(seq); }
   // The sequence's table in group g; an absent sequence reads as an empty one.
   const BlockTable& Table(SeqId seq, int32_t g = 0) const;

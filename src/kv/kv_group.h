@@ -10,7 +10,9 @@
 // hash names a block of each group's layers).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 
 namespace kvs {
 
@@ -22,5 +24,27 @@ struct KvGroupSpec {
   int32_t FirstKey(int32_t pos) const { return sliding() && pos >= window ? pos - window + 1 : 0; }
   bool operator==(const KvGroupSpec&) const = default;
 };
+
+// The most blocks one sequence of `positions` positions holds at once, fed in chunks of at most
+// max_chunk tokens, over every group: a full group's cover every position, a sliding window's
+// its window and a chunk (and a block each side that either may straddle), if fewer.
+inline int64_t PeakBlocks(std::span<const KvGroupSpec> groups, int64_t positions,
+                          int32_t block_size, int32_t max_chunk) {
+  const int64_t all = (positions + block_size - 1) / block_size;
+  int64_t n = 0;
+  for (const KvGroupSpec& g : groups) {
+    const int64_t window =
+        (static_cast<int64_t>(g.window) + max_chunk + block_size - 1) / block_size + 2;
+    n += g.sliding() ? std::min(all, window) : all;
+  }
+  return n;
+}
+
+// Whether a model of these groups has a sliding-window layer: what reads or moves a sequence's KV
+// through one table, or by slot (token eviction, drafters, tiers), does not work with it yet.
+inline bool AnySliding(std::span<const KvGroupSpec> groups) {
+  return std::any_of(groups.begin(), groups.end(),
+                     [](const KvGroupSpec& g) { return g.sliding(); });
+}
 
 }  // namespace kvs

@@ -182,6 +182,23 @@ bool Server::Authorized(const http::Request& req) const {
   return diff == 0;
 }
 
+namespace {
+
+// 405 naming the methods the path takes, with RFC 9110's Allow header.
+http::Response MethodNotAllowed(const http::Request& req, std::string_view allowed) {
+  http::Response res;
+  SendError(res,
+            ApiError{405,
+                     "invalid_request_error",
+                     req.path + " takes " + std::string(allowed) + ", not " + Quote(req.method),
+                     {},
+                     "method_not_allowed"});
+  res.headers.push_back({"Allow", std::string(allowed)});
+  return res;
+}
+
+}  // namespace
+
 // The refusals that need only the head (key, path, method): the HTTP layer calls this before
 // reading a body, so that nobody without the key can make the server receive one.
 std::optional<http::Response> Server::Admit(const http::Request& req) const {
@@ -220,13 +237,7 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
     const bool ok = req.method == "GET" || req.method == "HEAD" ||
                     req.method == (collection ? "POST" : "DELETE");
     if (ok) return std::nullopt;
-    SendError(res, ApiError{405,
-                            "invalid_request_error",
-                            req.path + " takes " + allowed + ", not " + Quote(req.method),
-                            {},
-                            "method_not_allowed"});
-    res.headers.push_back({"Allow", allowed});
-    return res;
+    return MethodNotAllowed(req, allowed);
   }
   if (!route) {
     SendError(res, ApiError{404,
@@ -238,15 +249,8 @@ std::optional<http::Response> Server::Admit(const http::Request& req) const {
   }
   const bool get_or_head = std::string_view(route->method) == "GET" && req.method == "HEAD";
   if (req.method != route->method && !get_or_head) {
-    const std::string allowed =
-        std::string_view(route->method) == "GET" ? "GET, HEAD" : route->method;
-    SendError(res, ApiError{405,
-                            "invalid_request_error",
-                            req.path + " takes " + allowed + ", not " + Quote(req.method),
-                            {},
-                            "method_not_allowed"});
-    res.headers.push_back({"Allow", allowed});
-    return res;
+    return MethodNotAllowed(req,
+                            std::string_view(route->method) == "GET" ? "GET, HEAD" : route->method);
   }
   return std::nullopt;
 }
@@ -444,15 +448,17 @@ Status Server::Load() {
   if (eo.n_ctx == 0) eo.n_ctx = model_->n_ctx_train();
   engine_ = kvserve::Engine::Start(model_, eo, &error);
   if (!engine_) return Status::Error(error);
-  // Requests without max_tokens may grow to -c: one such sequence must fit the pool.
+  // Requests without max_tokens may grow to -c: one such sequence must fit the pool (in every
+  // KV cache group of the model).
   const kvserve::EngineStats s = engine_->stats();
-  const int64_t positions = static_cast<int64_t>(s.kv_blocks_total) * s.block_size;
-  if (positions < eo.n_ctx) {
+  const int64_t need = model_->kv_blocks_per_sequence(eo.n_ctx, s.block_size, eo.max_batch_tokens);
+  if (need > s.kv_blocks_total) {
     engine_.reset();
-    return Status::Error(
-        StrFormat("--kv-memory holds %lld positions, fewer than one full context "
-                  "(-c %d); raise --kv-memory or lower -c",
-                  static_cast<long long>(positions), eo.n_ctx));
+    return Status::Error(StrFormat(
+        "--kv-memory holds %lld blocks of %d positions, fewer than one full context needs "
+        "(-c %d: %lld blocks); raise --kv-memory or lower -c",
+        static_cast<long long>(s.kv_blocks_total), s.block_size, eo.n_ctx,
+        static_cast<long long>(need)));
   }
   ready_ = true;
   return Status::Ok();

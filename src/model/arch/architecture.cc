@@ -124,6 +124,11 @@ Status ReadSlidingWindows(const MetadataReader& meta, int32_t default_pattern, M
   const gguf::Value* pattern = meta.file().Find(key);
   if (pattern != nullptr && pattern->type == gguf::ValueType::kArray) {
     // One flag per layer (llama.cpp's per-layer form): true where the layer is local.
+    if (!gguf::IsIntegerType(pattern->array_type)) {
+      return Status::Error(
+          StrFormat("metadata key '%s' is an array of %s, not of booleans", key.c_str(),
+                    std::string(gguf::ValueTypeName(pattern->array_type)).c_str()));
+    }
     if (pattern->ints.size() != sliding.size()) {
       return Status::Error(StrFormat("metadata key '%s' has %zu entries, not one per layer (%d)",
                                      key.c_str(), pattern->ints.size(), c->n_layer));
