@@ -178,29 +178,44 @@ TEST(KvGroupModel, TheEngineComputesWhatOneSequenceDoes) {
   }
 }
 
+// Token eviction on model, refused with groups_text in the builder's message, and a request's
+// kv_budget refused too.
+void ExpectEvictionRefused(const Model& model, const std::string& groups_text) {
+  ThreadPool pool(1);
+  EngineConfig ec;
+  ec.n_ctx = 128;
+  ec.n_blocks = 64;
+  ec.eviction.budget.value = 64;
+  auto local = EngineBuilder(model, nullptr, pool).Local(ec);
+  ASSERT_FALSE(local.ok());
+  EXPECT_NE(local.error().find("token eviction (--kv-budget) does not work yet with a model that "
+                               "has sliding-window layers (" +
+                               groups_text + ")"),
+            std::string::npos)
+      << local.error();
+  ec.eviction.budget = {};
+  auto ok = EngineBuilder(model, nullptr, pool).Local(ec);
+  ASSERT_TRUE(ok.ok()) << ok.error();
+  RequestOptions o;
+  o.kv_budget.value = 64;
+  const Status st = ok->engine->ValidateRequest(Prompt(10, 0), o);
+  EXPECT_NE(st.message().find("kv_budget: token eviction does not work yet"), std::string::npos)
+      << st.message();
+}
+
+TEST(KvGroupModel, WhatDoesNotKnowGroupsYetIsRefusedByName) {
+  auto model = TinyModel(24, 2);
+  ASSERT_NE(model, nullptr);
+  ExpectEvictionRefused(*model, "2 KV cache groups");
+}
+
 // Every layer local (pattern 0): one KV cache group, a sliding one, refused as two are.
 TEST(KvGroupModel, AModelOfOnlySlidingLayersIsRefusedWhatWindowsDoNotWorkWithYet) {
   auto model = TinyModel(24, 0);
   ASSERT_NE(model, nullptr);
   ASSERT_EQ(model->config().kv_groups.size(), 1u);
   EXPECT_TRUE(model->config().kv_groups[0].sliding());
-  ThreadPool pool(1);
-  EngineConfig ec;
-  ec.n_ctx = 128;
-  ec.n_blocks = 64;
-  ec.eviction.budget.value = 64;
-  auto local = EngineBuilder(*model, nullptr, pool).Local(ec);
-  ASSERT_FALSE(local.ok());
-  EXPECT_NE(local.error().find("token eviction (--kv-budget) does not work yet with a model that "
-                               "has sliding-window layers (1 KV cache group)"),
-            std::string::npos)
-      << local.error();
-  ec.eviction.budget = {};
-  auto ok = EngineBuilder(*model, nullptr, pool).Local(ec);
-  ASSERT_TRUE(ok.ok()) << ok.error();
-  RequestOptions o;
-  o.kv_budget.value = 64;
-  EXPECT_FALSE(ok->engine->ValidateRequest(Prompt(10, 0), o).ok());
+  ExpectEvictionRefused(*model, "1 KV cache group");
 }
 
 TEST(KvGroupModel, APatternArrayOfAnotherTypeIsRefusedNamingIt) {
@@ -216,29 +231,6 @@ TEST(KvGroupModel, APatternArrayOfAnotherTypeIsRefusedNamingIt) {
   EXPECT_NE(model.error().find("'llama.attention.sliding_window_pattern' is an array of"),
             std::string::npos)
       << model.error();
-}
-
-TEST(KvGroupModel, WhatDoesNotKnowGroupsYetIsRefusedByName) {
-  auto model = TinyModel(24, 2);
-  ASSERT_NE(model, nullptr);
-  ThreadPool pool(1);
-  EngineConfig ec;
-  ec.n_ctx = 128;
-  ec.n_blocks = 64;
-  ec.eviction.budget.value = 64;
-  auto local = EngineBuilder(*model, nullptr, pool).Local(ec);
-  ASSERT_FALSE(local.ok());
-  EXPECT_NE(local.error().find("token eviction (--kv-budget) does not work yet with a model"),
-            std::string::npos)
-      << local.error();
-  ec.eviction.budget = {};
-  auto ok = EngineBuilder(*model, nullptr, pool).Local(ec);
-  ASSERT_TRUE(ok.ok()) << ok.error();
-  RequestOptions o;
-  o.kv_budget.value = 64;
-  const Status st = ok->engine->ValidateRequest(Prompt(10, 0), o);
-  EXPECT_NE(st.message().find("kv_budget: token eviction does not work yet"), std::string::npos)
-      << st.message();
 }
 
 }  // namespace
