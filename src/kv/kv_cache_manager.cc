@@ -50,7 +50,8 @@ KvCacheManager::KvCacheManager(int32_t n_blocks, int32_t block_size, int32_t wat
       block_hash_(static_cast<size_t>(n_blocks)),
       block_cached_(static_cast<size_t>(n_blocks), false),
       block_group_(static_cast<size_t>(n_blocks), 0),
-      held_(static_cast<size_t>(n_blocks), 0) {
+      held_(static_cast<size_t>(n_blocks), 0),
+      specs_(groups) {
   KVS_CHECK(block_size > 0 && watermark_blocks >= 0);
   KVS_CHECK(!groups.empty() && groups.size() <= 255);
   for (const KvGroupSpec& spec : groups) {
@@ -109,9 +110,7 @@ int32_t KvCacheManager::BlocksToAdopt(const PrefixMatch& prefix, int32_t n_new) 
 }
 
 int64_t KvCacheManager::PeakBlocks(int64_t positions, int32_t max_chunk) const {
-  std::vector<KvGroupSpec> specs;
-  for (const Group& g : groups_) specs.push_back(g.spec);
-  return kvs::PeakBlocks(specs, positions, block_size_, max_chunk);
+  return kvs::PeakBlocks(specs_, positions, block_size_, max_chunk);
 }
 
 bool KvCacheManager::AllocateBlocks(int32_t n, std::vector<BlockId>* out) {

@@ -80,10 +80,7 @@ class KvCacheManager {
 
   int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
   const KvGroupSpec& group(int32_t g) const { return groups_[g].spec; }
-  bool any_sliding() const {
-    return std::any_of(groups_.begin(), groups_.end(),
-                       [](const Group& g) { return g.spec.sliding(); });
-  }
+  bool any_sliding() const { return AnySliding(specs_); }
   bool Contains(SeqId seq) const { return groups_[0].tables.contains(seq); }
   // The sequence's table in group g; an absent sequence reads as an empty one.
   const BlockTable& Table(SeqId seq, int32_t g = 0) const;
@@ -261,7 +258,8 @@ class KvCacheManager {
                std::span<const int32_t> tokens) {
     if (index_listener_) index_listener_(id, hash, parent, tokens);
   }
-  std::vector<uint8_t> held_;  // per block: held by HoldBlocks (counts as a holder)
+  std::vector<uint8_t> held_;       // per block: held by HoldBlocks (counts as a holder)
+  std::vector<KvGroupSpec> specs_;  // the groups as constructed (each groups_[g].spec)
   int32_t num_held_ = 0;
   // A statistic, not state: counted by const lookups (the engine is single-threaded).
   mutable int64_t num_blocks_hashed_ = 0;
