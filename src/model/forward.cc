@@ -167,6 +167,9 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
       GatherKeyRope(kv[0], positions, &key_rope_[si]);
     }
   }
+  // The attention jobs depend on the batch alone: planned once for every layer.
+  PlanAttention(b, AttentionShape{c_.head_dim_k, c_.head_dim_v,
+                                  1.f / std::sqrt(static_cast<float>(c_.head_dim_k))});
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     AttentionSublayer(b, l, kv[l]);
     FeedForwardSublayer(b, l);
@@ -269,7 +272,6 @@ void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv, int32_t
   //    whole heads, and a head's keys stay in cache across the chunks of one sequence.
   // Both compute each query the same way (attention.h): which path a query takes, and what else
   // is in the batch, does not change its output.
-  PlanAttention(b, shape);
   const size_t n_chunks = chunks_.size();
   const size_t n_head_jobs = c_.n_head_kv * n_chunks;
   const size_t n_jobs = n_head_jobs + split_jobs_.size();

@@ -58,7 +58,7 @@ class ForwardPass {
   void Attention(const RaggedBatch& batch, const KvLayerView& kv, int32_t kv_group,
                  const KvGroupSpec& window);
   // The batch's attention jobs (chunks_, split_chunks_, split_jobs_, job_order_), the same for
-  // every layer, and the partial rows the split jobs fill.
+  // every layer (Layers plans them once), and the partial rows the split jobs fill.
   void PlanAttention(const RaggedBatch& batch, const AttentionShape& shape);
   // Each split query's partials merged into its output, in partition order.
   void MergeSplitPartials(const RaggedBatch& batch, const KvLayerView& kv,
