@@ -16,10 +16,7 @@ PROMPT=64 GEN=192 FREQ=4000
 for round in $(seq 1 "$ROUNDS"); do
   for tag in A B; do
     bin=$A; [ $tag = B ] && bin=$B
-    PORT=$(free_port)
-    "$bin" serve -m "$MODEL" --port "$PORT" -np 16 -c $((PROMPT + GEN + 16)) -t 2 2>/dev/null &
-    SERVER=$!
-    wait_ready "$PORT"
+    start_ab_server "$bin" "$MODEL" $((PROMPT + GEN + 16))
     perf record -q -F $FREQ -e task-clock -g -p "$SERVER" -o "$TMP/perf.data" 2>/dev/null &
     PERF=$!
     sleep 0.5  # perf attaches

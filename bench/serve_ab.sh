@@ -12,10 +12,7 @@ A=$1 B=$2 MODEL=$3 CLIST=${4:-1,4,16} ROUNDS=${5:-2} PROMPT=128 GEN=128
 for round in $(seq 1 "$ROUNDS"); do
   for tag in A B; do
     bin=$A; [ $tag = B ] && bin=$B
-    PORT=$(free_port)
-    "$bin" serve -m "$MODEL" --port "$PORT" -np 16 -c $((PROMPT + GEN + 16)) -t 2 2>/dev/null &
-    SERVER=$!
-    wait_ready "$PORT"
+    start_ab_server "$bin" "$MODEL" $((PROMPT + GEN + 16))
     for c in ${CLIST//,/ }; do
       n=$(( c > 8 ? c : 8 )); [ "$c" -eq 16 ] && n=32
       build/kvserve bench serve --url "http://127.0.0.1:$PORT" --concurrency "$c" --requests "$n" \

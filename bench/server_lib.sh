@@ -19,3 +19,11 @@ wait_ready() {  # $1 port
   done
   return 1
 }
+# The A/B scripts' server: $1 binary, $2 model, $3 context; -np 16 and 2 threads, on a free port
+# (PORT), its pid in SERVER, returning once it is ready.
+start_ab_server() {
+  PORT=$(free_port)
+  "$1" serve -m "$2" --port "$PORT" -np 16 -c "$3" -t 2 2>/dev/null &
+  SERVER=$!
+  wait_ready "$PORT"
+}
