@@ -5,20 +5,24 @@
 # llama-perplexity runs with -fa on, as every peer run of these scripts (its default, auto,
 # resolves to on for the CPU backend, so the figures are those of a run without the flag). Its
 # load mode does not change the result, so it keeps the default.
-#   usage: bench/ppl_compare.sh [-c CTX] [-f TEXT] MODEL.gguf...
+# -n CHUNKS scores only the first CHUNKS windows in both (--chunks), for large models.
+#   usage: bench/ppl_compare.sh [-c CTX] [-f TEXT] [-n CHUNKS] MODEL.gguf...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CTX=128
 TEXT=bench/data/stories-sample.txt
-while getopts "c:f:" o; do case $o in c) CTX=$OPTARG ;; f) TEXT=$OPTARG ;; *) exit 2 ;; esac; done
+CHUNKS=()
+while getopts "c:f:n:" o; do
+  case $o in c) CTX=$OPTARG ;; f) TEXT=$OPTARG ;; n) CHUNKS=(--chunks "$OPTARG") ;; *) exit 2 ;; esac
+done
 shift $((OPTIND - 1))
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/bin
 echo "| model | kvserve PPL | llama.cpp PPL | difference |"
 echo "|---|---|---|---|"
 for m in "$@"; do
-  ours=$(build/kvserve perplexity -m "$m" -f "$TEXT" -c "$CTX" -t 2 --json 2>/dev/null |
+  ours=$(build/kvserve perplexity -m "$m" -f "$TEXT" -c "$CTX" "${CHUNKS[@]}" -t 2 --json 2>/dev/null |
          python3 -c 'import json,sys; print("%.4f" % json.load(sys.stdin)["ppl"])' || echo "error")
-  peer=$("$PEER/llama-perplexity" -m "$m" -f "$TEXT" -c "$CTX" -t 2 -fa on 2>&1 |
+  peer=$("$PEER/llama-perplexity" -m "$m" -f "$TEXT" -c "$CTX" "${CHUNKS[@]}" -t 2 -fa on 2>&1 |
          sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p')
   diff=$(python3 -c "a,b='$ours','$peer'
 try: print('%+.3f%%' % (100*(float(a)/float(b)-1)))

@@ -402,7 +402,10 @@ TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
   EXPECT_EQ(DetectChatFormat("[INST] <<SYS>>\n' + system"), ChatFormat::kLlama2);
   EXPECT_EQ(DetectChatFormat("{{ '[INST] ' + message['content'] + ' [/INST]' }}"),
             ChatFormat::kMistral);
+  EXPECT_EQ(DetectChatFormat("{{ '<start_of_turn>' + role + '\n' + message['content'] | trim }}"),
+            ChatFormat::kGemma);
   EXPECT_EQ(DetectChatFormat(""), ChatFormat::kPlain);
+  EXPECT_EQ(*ChatFormatFromName("gemma"), ChatFormat::kGemma);
   EXPECT_FALSE(ChatFormatFromName("vicuna").ok());
   EXPECT_EQ(*ChatFormatFromName("qwen"), ChatFormat::kChatML);
 
@@ -422,6 +425,13 @@ TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
             "<s>[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] Bye [/INST]");
   EXPECT_EQ(RenderChat(ChatFormat::kLlama2, m).text,
             "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello </s><s>[INST] Bye [/INST]");
+  const RenderedChat gemma = RenderChat(
+      ChatFormat::kGemma,
+      {{"system", "Be brief."}, {"user", " Hi \n"}, {"assistant", "Hello"}, {"user", "Bye"}});
+  EXPECT_EQ(gemma.text,
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello"
+            "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_TRUE(gemma.add_bos);
   const RenderedChat plain = RenderChat(ChatFormat::kPlain, m);
   EXPECT_EQ(plain.text, "System: Be brief.\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
   EXPECT_TRUE(plain.add_bos);

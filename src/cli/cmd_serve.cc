@@ -89,8 +89,9 @@ Runner AddServeCommand(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(1, 65535));
   cmd->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
-  cmd->add_option("--chat-template", a->server.chat_template,
-                  "chatml (qwen), llama2, llama3, mistral or plain (default: from the GGUF)");
+  cmd->add_option(
+      "--chat-template", a->server.chat_template,
+      "chatml (qwen), llama2, llama3, mistral, gemma or plain (default: from the GGUF)");
   cmd->add_option("--alias", a->server.alias, "Model id clients use (default: the file name)");
   cmd->add_option("--max-queue", a->server.max_queue,
                   "Requests waiting beyond -np before new ones get 503")

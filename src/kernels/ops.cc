@@ -70,6 +70,11 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   KVS_DISPATCH(SwiGlu(gate, up, out, n));
 }
 
+void GeGluTanh(const float* gate, const float* up, float* out, int64_t n) {
+  using namespace ops_internal;  // NOLINT
+  KVS_DISPATCH(GeGluTanh(gate, up, out, n));
+}
+
 float DotF32(const float* a, const float* b, int64_t n) {
   using namespace ops_internal;  // NOLINT
   KVS_DISPATCH(DotF32(a, b, n));

@@ -41,6 +41,9 @@ void Softmax(float* x, int64_t n);
 
 // out[i] = silu(gate[i]) * up[i]
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
+// out[i] = gelu(gate[i]) * up[i], GELU in its tanh approximation (Gemma's GeGLU):
+// gelu(g) = g / 2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))
+void GeGluTanh(const float* gate, const float* up, float* out, int64_t n);
 
 float DotF32(const float* a, const float* b, int64_t n);
 // Scalar twin of DotF32 (double accumulation), for tests.

@@ -1,4 +1,4 @@
-// SwiGlu and DotF32 for one instruction-set level (compiled once per level).
+// SwiGlu, GeGluTanh and DotF32 for one instruction-set level (compiled once per level).
 #include "kernels/ops_vector.h"
 
 #include <cmath>
@@ -9,35 +9,77 @@
 
 namespace kvs::ops_internal::KVS_ISA {
 
+namespace {
+
+// out = g * sigmoid(t) * up over one vector, with e = exp(-|t|) <= 1 so nothing overflows:
+// sigmoid(t) = 1 / (1 + e) for t >= 0 and e / (1 + e) for t < 0.
+#if defined(KVS_ISA_AVX512)
+inline __m512 GatedSigmoid(__m512 g, __m512 t, __m512 up) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = simd::ExpNonPositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(t)));
+  const __mmask16 negative = _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 num = _mm512_mask_blend_ps(negative, one, e);
+  const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+  return _mm512_mul_ps(_mm512_mul_ps(g, sig), up);
+}
+#elif defined(KVS_ISA_AVX2)
+inline __m256 GatedSigmoid(__m256 g, __m256 t, __m256 up) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 e = simd::ExpNonPositive8(_mm256_or_ps(t, _mm256_set1_ps(-0.0f)));  // exp(-|t|)
+  const __m256 negative = _mm256_cmp_ps(t, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 num = _mm256_blendv_ps(one, e, negative);
+  const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
+  return _mm256_mul_ps(_mm256_mul_ps(g, sig), up);
+}
+#endif
+
+}  // namespace
+
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
+  // silu(g) = g * sigmoid(g)
 #if defined(KVS_ISA_AVX512)
-  // silu(g) = g * sigmoid(g), with e = exp(-|g|) <= 1 so nothing overflows:
-  // sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) for g < 0.
-  const __m512 one = _mm512_set1_ps(1.f);
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 e = simd::ExpNonPositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-    const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-    const __m512 num = _mm512_mask_blend_ps(negative, one, e);
-    const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), _mm512_loadu_ps(up + i)));
+    _mm512_storeu_ps(out + i, GatedSigmoid(g, g, _mm512_loadu_ps(up + i)));
   }
 #elif defined(KVS_ISA_AVX2)
-  const __m256 one = _mm256_set1_ps(1.f);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 e = simd::ExpNonPositive8(_mm256_or_ps(g, sign));  // exp(-|g|)
-    const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
-    const __m256 num = _mm256_blendv_ps(one, e, negative);
-    const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(out + i, GatedSigmoid(g, g, _mm256_loadu_ps(up + i)));
   }
 #endif
   for (; i < n; ++i) {
     float g = gate[i];
     out[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+void GeGluTanh(const float* gate, const float* up, float* out, int64_t n) {
+  // gelu_tanh(g) = g / 2 * (1 + tanh(z)) = g * sigmoid(2z), z = sqrt(2/pi) * (g + 0.044715 g^3):
+  // the sigmoid form of SwiGlu with t = g * (c1 + c3 g^2).
+  constexpr float kC1 = 1.5957691216057308f;  // 2 sqrt(2/pi)
+  constexpr float kC3 = 1.5957691216057308f * 0.044715f;
+  int64_t i = 0;
+#if defined(KVS_ISA_AVX512)
+  const __m512 c1 = _mm512_set1_ps(kC1), c3 = _mm512_set1_ps(kC3);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 t = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), c3, c1));
+    _mm512_storeu_ps(out + i, GatedSigmoid(g, t, _mm512_loadu_ps(up + i)));
+  }
+#elif defined(KVS_ISA_AVX2)
+  const __m256 c1 = _mm256_set1_ps(kC1), c3 = _mm256_set1_ps(kC3);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 t = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), c3, c1));
+    _mm256_storeu_ps(out + i, GatedSigmoid(g, t, _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    const float t = g * (kC1 + kC3 * g * g);
+    out[i] = g / (1.f + std::exp(-t)) * up[i];
   }
 }
 

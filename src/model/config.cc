@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/arch/architecture.h"
 
@@ -25,6 +26,10 @@ Status CheckLayers(const ModelConfig& c) {
 }
 
 }  // namespace
+
+float ModelConfig::attention_scale() const {
+  return query_scale > 0 ? query_scale : 1.f / std::sqrt(static_cast<float>(head_dim_k));
+}
 
 Status AssignKvGroups(ModelConfig* c) {
   std::vector<int32_t> windows;  // 0: global

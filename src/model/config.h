@@ -27,8 +27,11 @@ struct ModelConfig {
   int32_t n_vocab = 0;
   int32_t n_ctx_train = 0;
   float rms_eps = 1e-5f;
-  std::vector<RopeSpec> ropes;    // the distinct RoPEs of the layers (today's models: one)
-  std::vector<LayerSpec> layers;  // [n_layer]
+  float embedding_scale = 1.f;      // multiplies each token's embedding row (gemma: sqrt(n_embd))
+  float query_scale = 0.f;          // the attention's score scale; 0: 1 / sqrt(head_dim_k)
+  float final_logit_softcap = 0.f;  // > 0: logits = cap * tanh(logits / cap)
+  std::vector<RopeSpec> ropes;      // the distinct RoPEs of the layers (today's models: one)
+  std::vector<LayerSpec> layers;    // [n_layer]
   // The KV cache groups (kv/kv_group.h): one per kind of attention among the layers, global
   // first, then sliding windows from the narrowest; each layer's kv_group indexes this. Set by
   // ReadModelConfig (AssignKvGroups) from the layers' attention.
@@ -37,6 +40,7 @@ struct ModelConfig {
   int32_t q_dim() const { return n_head * head_dim_k; }
   int32_t k_dim() const { return n_head_kv * head_dim_k; }
   int32_t v_dim() const { return n_head_kv * head_dim_v; }
+  float attention_scale() const;
   const RopeSpec& rope_of(int32_t layer) const { return ropes[layers[layer].rope]; }
   // The RoPE of every layer where all layers share one; null where they differ. What is
   // calibrated for the model as a whole (key offsets, tri's query centres) needs one.

@@ -118,6 +118,11 @@ Status ForwardPass::Run(const RaggedBatch& b, std::span<const KvLayerView> kv, f
             c_.n_embd, c_.rms_eps, xn_.data() + static_cast<size_t>(j) * c_.n_embd);
   }
   MatMul(w.output, xn_.data(), n_out, logits, pool_);
+  if (c_.final_logit_softcap > 0) {
+    const float cap = c_.final_logit_softcap;
+    const size_t n_logits = static_cast<size_t>(n_out) * c_.n_vocab;
+    for (size_t i = 0; i < n_logits; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
   return Status::Ok();
 }
 
@@ -136,7 +141,11 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
   const ModelWeights& w = model_.weights();
   const int32_t n = b.n_tokens();
   for (int32_t i = 0; i < n; ++i) {
-    ReadRow(w.token_embd, b.tokens[i], x_.data() + static_cast<size_t>(i) * c_.n_embd);
+    float* xi = x_.data() + static_cast<size_t>(i) * c_.n_embd;
+    ReadRow(w.token_embd, b.tokens[i], xi);
+    if (c_.embedding_scale != 1.f) {
+      for (int32_t d = 0; d < c_.n_embd; ++d) xi[d] *= c_.embedding_scale;
+    }
   }
   // Each RoPE's angles once per token; a layer reads the table of its own.
   for (size_t r = 0; r < c_.ropes.size(); ++r) {
@@ -168,20 +177,26 @@ void ForwardPass::Layers(const RaggedBatch& b, std::span<const KvLayerView> kv) 
     }
   }
   // The attention jobs depend on the batch alone: planned once for every layer.
-  PlanAttention(b, AttentionShape{c_.head_dim_k, c_.head_dim_v,
-                                  1.f / std::sqrt(static_cast<float>(c_.head_dim_k))});
+  PlanAttention(b, AttentionShape{c_.head_dim_k, c_.head_dim_v, c_.attention_scale()});
   for (int32_t l = 0; l < c_.n_layer; ++l) {
     AttentionSublayer(b, l, kv[l]);
     FeedForwardSublayer(b, l);
   }
 }
 
-void ForwardPass::NormRows(int32_t n, const std::vector<float>& weight) {
+void ForwardPass::NormRows(int32_t n, const float* in, const std::vector<float>& weight,
+                           float* out) {
   const int32_t d = c_.n_embd;
   ForEachToken(n, [&](int32_t i) {
     const size_t at = static_cast<size_t>(i) * d;
-    RmsNorm(x_.data() + at, weight.data(), d, c_.rms_eps, xn_.data() + at);
+    RmsNorm(in + at, weight.data(), d, c_.rms_eps, out + at);
   });
+}
+
+void ForwardPass::AddSublayerOutput(int32_t n, const LayerSpec& spec,
+                                    const std::vector<float>& post_norm) {
+  if (spec.norms == NormPlacement::kPreAndPost) NormRows(n, proj_.data(), post_norm, proj_.data());
+  AddInPlace(x_.data(), proj_.data(), static_cast<int64_t>(n) * c_.n_embd);
 }
 
 void ForwardPass::AttentionSublayer(const RaggedBatch& b, int32_t l, const KvLayerView& kv) {
@@ -190,7 +205,7 @@ void ForwardPass::AttentionSublayer(const RaggedBatch& b, int32_t l, const KvLay
   const int32_t n = b.n_tokens();
   const int32_t n_rot = c_.ropes[spec.rope].n_rot;
   const bool neox = c_.ropes[spec.rope].neox;
-  NormRows(n, L.attn_norm);  // NormPlacement::kPre
+  NormRows(n, x_.data(), L.attn_norm, xn_.data());
   const MatMulOutput qkv[] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
   MatMulSharedInput(qkv, xn_.data(), n, pool_);
   const float* rope_table = RopeTable(spec.rope, 0);
@@ -220,22 +235,24 @@ void ForwardPass::AttentionSublayer(const RaggedBatch& b, int32_t l, const KvLay
   Attention(b, kv, g, c_.kv_groups[spec.kv_group]);
   AccumulateAttentionMass(b, kv, g);
   MatMul(L.wo, att_.data(), n, proj_.data(), pool_);
-  AddInPlace(x_.data(), proj_.data(), static_cast<int64_t>(n) * c_.n_embd);
+  AddSublayerOutput(n, spec, L.attn_post_norm);
 }
 
 void ForwardPass::FeedForwardSublayer(const RaggedBatch& b, int32_t l) {
+  const LayerSpec& spec = c_.layers[l];
   const LayerWeights& L = model_.weights().layers[l];
   const int32_t n = b.n_tokens();
-  NormRows(n, L.ffn_norm);  // NormPlacement::kPre
-  // FeedForwardKind::kSwiGlu
+  NormRows(n, x_.data(), L.ffn_norm, xn_.data());
   const MatMulOutput gate_up[] = {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}};
   MatMulSharedInput(gate_up, xn_.data(), n, pool_);
+  const bool gelu = spec.feed_forward == FeedForwardKind::kGeGluTanh;
   ForEachToken(n, [&](int32_t i) {
     float* g = gate_.data() + static_cast<size_t>(i) * c_.n_ff;
-    SwiGlu(g, up_.data() + static_cast<size_t>(i) * c_.n_ff, g, c_.n_ff);
+    const float* u = up_.data() + static_cast<size_t>(i) * c_.n_ff;
+    gelu ? GeGluTanh(g, u, g, c_.n_ff) : SwiGlu(g, u, g, c_.n_ff);
   });
   MatMul(L.w_down, gate_.data(), n, proj_.data(), pool_);
-  AddInPlace(x_.data(), proj_.data(), static_cast<int64_t>(n) * c_.n_embd);
+  AddSublayerOutput(n, spec, L.ffn_post_norm);
 }
 
 void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv, int32_t group) {
@@ -259,8 +276,7 @@ void ForwardPass::WriteKv(const RaggedBatch& b, const KvLayerView& kv, int32_t g
 void ForwardPass::Attention(const RaggedBatch& b, const KvLayerView& kv, int32_t kv_group,
                             const KvGroupSpec& window) {
   const int32_t group = c_.n_head / c_.n_head_kv;
-  const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
-                             1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
+  const AttentionShape shape{c_.head_dim_k, c_.head_dim_v, c_.attention_scale()};
   // A sequence's queries for one KV head are its group's heads for every token, token-major, so
   // that a kernel tile of four holds queries that see (nearly) the same keys. Chunks of them:
   //  - a decode-like chunk (at most kSplitQueries queries a head) runs a job per (key partition,
@@ -440,8 +456,7 @@ void ForwardPass::SplitJob(const RaggedBatch& b, const KvLayerView& kv, int32_t 
 void ForwardPass::AccumulateAttentionMass(const RaggedBatch& b, const KvLayerView& kv,
                                           int32_t kv_group) {
   const int32_t group = c_.n_head / c_.n_head_kv;
-  const AttentionShape shape{c_.head_dim_k, c_.head_dim_v,
-                             1.f / std::sqrt(static_cast<float>(c_.head_dim_k))};
+  const AttentionShape shape{c_.head_dim_k, c_.head_dim_v, c_.attention_scale()};
   for (size_t si = 0; si < b.sequences.size(); ++si) {
     const BatchSequence& seq = b.sequences[si];
     if (seq.attention_mass == nullptr || seq.mass_first_token >= seq.n_tokens) continue;

@@ -46,8 +46,10 @@ class ForwardPass {
   // x_ += feed_forward(norm(x_)).
   void AttentionSublayer(const RaggedBatch& batch, int32_t layer, const KvLayerView& kv);
   void FeedForwardSublayer(const RaggedBatch& batch, int32_t layer);
-  // xn_ = RmsNorm(x_) row by row, for the batch's n tokens.
-  void NormRows(int32_t n, const std::vector<float>& weight);
+  // out = RmsNorm(in) row by row ([n][n_embd]; in place where out is in), for the batch's n tokens.
+  void NormRows(int32_t n, const float* in, const std::vector<float>& weight, float* out);
+  // x_ += a sublayer's output proj_, normalized first where the layer has post-norms.
+  void AddSublayerOutput(int32_t n, const LayerSpec& spec, const std::vector<float>& post_norm);
   // RoPE r's cos/sin row of token i (rope_).
   float* RopeTable(int32_t r, size_t i) {
     return rope_.data() + (static_cast<size_t>(r) * reserved_tokens_ + i) * rope_stride_;

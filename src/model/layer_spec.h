@@ -26,11 +26,13 @@ enum class AttentionKind {
 };
 
 enum class NormPlacement {
-  kPre,  // RMS norm of each sublayer's input (attn_norm, ffn_norm); the residual added after
+  kPre,         // RMS norm of each sublayer's input (attn_norm, ffn_norm); the residual added after
+  kPreAndPost,  // and of its output before the residual add (attn_post_norm, ffn_post_norm: Gemma)
 };
 
 enum class FeedForwardKind {
-  kSwiGlu,  // w_down(silu(w_gate x) * w_up x)
+  kSwiGlu,     // w_down(silu(w_gate x) * w_up x)
+  kGeGluTanh,  // w_down(gelu_tanh(w_gate x) * w_up x) (Gemma)
 };
 
 struct LayerSpec {
@@ -39,7 +41,7 @@ struct LayerSpec {
   int32_t kv_group = 0;  // index into ModelConfig::kv_groups: the layers whose attention is
                          // alike share one block table per sequence (kv/kv_group.h)
   int32_t rope = 0;      // index into ModelConfig::ropes
-  bool qk_norm = false;  // per-head RMS norm of Q and K before RoPE (qwen3)
+  bool qk_norm = false;  // per-head RMS norm of Q and K before RoPE (qwen3, gemma3)
   NormPlacement norms = NormPlacement::kPre;
   FeedForwardKind feed_forward = FeedForwardKind::kSwiGlu;
 

@@ -152,6 +152,11 @@ Expected<std::unique_ptr<Model>> Model::FromFile(std::unique_ptr<gguf::File> fil
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd, &L.w_gate));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_up.weight", c.n_ff, c.n_embd, &L.w_up));
     KVS_RETURN_IF_ERROR(load.Matrix(p + "ffn_down.weight", c.n_embd, c.n_ff, &L.w_down));
+    if (c.layers[l].norms == NormPlacement::kPreAndPost) {
+      KVS_RETURN_IF_ERROR(
+          load.Vector(p + "post_attention_norm.weight", c.n_embd, &L.attn_post_norm));
+      KVS_RETURN_IF_ERROR(load.Vector(p + "post_ffw_norm.weight", c.n_embd, &L.ffn_post_norm));
+    }
   }
   if (const gguf::TensorInfo* unused = load.FirstUnused()) {
     return Status::Error(

@@ -24,10 +24,12 @@ struct LayerWeights {
   MatrixView wo;                      // [n_embd][n_head * head_dim_v]
   std::vector<float> bq, bk, bv;      // qwen2 biases, empty otherwise
   std::vector<float> q_norm, k_norm;  // qwen3 per-head norms [head_dim_k], empty otherwise
+  std::vector<float> attn_post_norm;  // [n_embd] NormPlacement::kPreAndPost, empty otherwise
   std::vector<float> ffn_norm;        // [n_embd]
   MatrixView w_gate;                  // [n_ff][n_embd]
   MatrixView w_up;                    // [n_ff][n_embd]
   MatrixView w_down;                  // [n_embd][n_ff]
+  std::vector<float> ffn_post_norm;   // [n_embd] NormPlacement::kPreAndPost, empty otherwise
 };
 
 struct ModelWeights {

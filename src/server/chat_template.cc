@@ -15,6 +15,8 @@ const char* ChatFormatName(ChatFormat f) {
       return "llama3";
     case ChatFormat::kMistral:
       return "mistral";
+    case ChatFormat::kGemma:
+      return "gemma";
     case ChatFormat::kPlain:
       return "plain";
   }
@@ -28,9 +30,10 @@ Expected<ChatFormat> ChatFormatFromName(const std::string& name) {
   if (name == "llama2") return ChatFormat::kLlama2;
   if (name == "llama3") return ChatFormat::kLlama3;
   if (name == "mistral") return ChatFormat::kMistral;
+  if (name == "gemma" || name == "gemma3") return ChatFormat::kGemma;
   if (name == "plain") return ChatFormat::kPlain;
   return Status::Error("--chat-template '" + name +
-                       "': expected chatml (qwen), llama2, llama3, mistral or plain");
+                       "': expected chatml (qwen), llama2, llama3, mistral, gemma or plain");
 }
 
 ChatFormat DetectChatFormat(const std::string& jinja) {
@@ -39,6 +42,7 @@ ChatFormat DetectChatFormat(const std::string& jinja) {
   if (has("<|start_header_id|>")) return ChatFormat::kLlama3;
   if (has("[INST]") && has("<<SYS>>")) return ChatFormat::kLlama2;
   if (has("[INST]")) return ChatFormat::kMistral;
+  if (has("<start_of_turn>")) return ChatFormat::kGemma;
   return ChatFormat::kPlain;
 }
 
@@ -65,6 +69,14 @@ std::vector<ChatMessage> FoldSystem(const std::vector<ChatMessage>& messages, co
     out.insert(out.begin(), ChatMessage{"user", system});
   }
   return out;
+}
+
+std::string Trim(const std::string& s) {
+  const auto space = [](unsigned char c) { return std::isspace(c) != 0; };
+  size_t b = 0, e = s.size();
+  while (b < e && space(s[b])) ++b;
+  while (e > b && space(s[e - 1])) --e;
+  return s.substr(b, e - b);
 }
 
 }  // namespace
@@ -113,6 +125,21 @@ RenderedChat RenderChat(ChatFormat format, const std::vector<ChatMessage>& messa
           t += "[INST] " + m.content + " [/INST]";
         }
       }
+      break;
+    }
+    case ChatFormat::kGemma: {
+      // Gemma 3's template: no system role (the system text and a blank line open the first
+      // user turn), the assistant is "model", turns' contents trimmed; BOS from the model.
+      std::vector<ChatMessage> trimmed = messages;
+      for (ChatMessage& m : trimmed) {
+        if (m.role != "system") m.content = Trim(m.content);
+      }
+      for (const ChatMessage& m : FoldSystem(trimmed, "\n\n")) {
+        t += "<start_of_turn>" + std::string(m.role == "assistant" ? "model" : m.role) + "\n" +
+             m.content + "<end_of_turn>\n";
+      }
+      t += "<start_of_turn>model\n";
+      r.add_bos = true;
       break;
     }
     case ChatFormat::kPlain:

@@ -92,9 +92,13 @@ gguf::Writer MakeTinyModelWriter(const TinyModelSpec& s) {
       w.AddTensorF32(p + "attn_k.bias", {kd}, DType::kF32, RandomVector(rng, kd, 0.1f));
       w.AddTensorF32(p + "attn_v.bias", {kd}, DType::kF32, RandomVector(rng, kd, 0.1f));
     }
-    if (s.arch == "qwen3") {
+    if (s.arch == "qwen3" || s.arch == "gemma3") {
       norm(p + "attn_q_norm.weight", s.head_dim);
       norm(p + "attn_k_norm.weight", s.head_dim);
+    }
+    if (s.arch == "gemma3") {
+      norm(p + "post_attention_norm.weight", d);
+      norm(p + "post_ffw_norm.weight", d);
     }
     norm(p + "ffn_norm.weight", d);
     matrix(p + "ffn_gate.weight", s.n_ff, d);

@@ -12,7 +12,7 @@
 namespace kvs::testing {
 
 struct TinyModelSpec {
-  std::string arch = "llama";  // llama, qwen2, qwen3
+  std::string arch = "llama";  // llama, qwen2, qwen3, gemma3
   int32_t n_embd = 64;
   int32_t n_layer = 2;
   int32_t n_head = 4;

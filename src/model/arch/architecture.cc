@@ -11,6 +11,7 @@ constexpr Architecture kArchitectures[] = {
     {"llama", ReadLlamaFamily},  // Llama 1-3 and Mistral (their GGUFs say "llama")
     {"qwen2", ReadQwen2},
     {"qwen3", ReadQwen3},
+    {"gemma3", ReadGemma3},
 };
 
 }  // namespace

@@ -59,5 +59,6 @@ Status ReadSlidingWindows(const MetadataReader& meta, int32_t default_pattern, M
 Status ReadLlamaFamily(const MetadataReader& meta, ModelConfig* config);  // llama, mistral
 Status ReadQwen2(const MetadataReader& meta, ModelConfig* config);
 Status ReadQwen3(const MetadataReader& meta, ModelConfig* config);
+Status ReadGemma3(const MetadataReader& meta, ModelConfig* config);  // gemma3.cc
 
 }  // namespace kvs
