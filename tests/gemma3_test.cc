@@ -199,14 +199,17 @@ TEST(Gemma3, ReadsLocalAndGlobalLayersAsLlamaCppDoes) {
   EXPECT_FLOAT_EQ(c.ropes[1].freq_base, kLocalBase);
   EXPECT_FLOAT_EQ(c.ropes[1].freq_scale, 1.f);
   EXPECT_TRUE(c.ropes[0].neox && c.ropes[1].neox);
-  ASSERT_EQ(c.kv_groups.size(), 2u);  // global, then the window
-  EXPECT_EQ(c.kv_groups[1].window, kWindow);
+  // The global layer, then each local one (groups as large as the smallest kind: one layer).
+  ASSERT_EQ(c.kv_groups.size(), 6u);
+  EXPECT_FALSE(c.kv_groups[0].sliding());
+  for (int32_t g = 1; g < 6; ++g) EXPECT_EQ(c.kv_groups[g].window, kWindow);
+  EXPECT_EQ(c.kv_slabs(), 1);
   for (int32_t l = 0; l < kLayers; ++l) {
     const LayerSpec& s = c.layers[l];
     const bool local = l != 5;
     EXPECT_EQ(s.attention, local ? AttentionKind::kSliding : AttentionKind::kGlobal) << l;
     EXPECT_EQ(s.rope, local ? 1 : 0) << l;
-    EXPECT_EQ(s.kv_group, local ? 1 : 0) << l;
+    EXPECT_EQ(s.kv_group, local ? l + 1 : 0) << l;
     EXPECT_TRUE(s.qk_norm);
     EXPECT_EQ(s.norms, NormPlacement::kPreAndPost);
     EXPECT_EQ(s.feed_forward, FeedForwardKind::kGeGluTanh);

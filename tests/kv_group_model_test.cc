@@ -101,12 +101,25 @@ TEST(KvGroupModel, TheFileNamesTheLocalLayersAndEachKindOfAttentionIsAGroup) {
     EXPECT_EQ(c.layers[l].attention, local ? AttentionKind::kSliding : AttentionKind::kGlobal) << l;
     EXPECT_EQ(c.layers[l].window, local ? 24 : 0) << l;
     EXPECT_EQ(c.layers[l].kv_group, local ? 1 : 0) << l;
+    EXPECT_EQ(c.layers[l].kv_slab, l / 2) << l;  // layers 0 and 2 local, 1 and 3 global
   }
+  EXPECT_EQ(c.kv_slabs(), 2);
   // Without a window every layer is global: one group.
   auto plain = TinyModel(0, 0);
   ASSERT_NE(plain, nullptr);
   ASSERT_EQ(plain->config().kv_groups.size(), 1u);
   EXPECT_EQ(plain->config().kv_groups[0], KvGroupSpec{0});
+  EXPECT_EQ(plain->config().kv_slabs(), kLayers);
+  // Three local layers to one global: the kinds cut into groups of the smaller kind's size.
+  auto uneven = TinyModel(24, 4);
+  ASSERT_NE(uneven, nullptr);
+  const ModelConfig& u = uneven->config();
+  ASSERT_EQ(u.kv_groups.size(), 4u);
+  EXPECT_EQ(u.kv_groups[0], KvGroupSpec{0});
+  for (int32_t g = 1; g < 4; ++g) EXPECT_EQ(u.kv_groups[g], KvGroupSpec{24});
+  EXPECT_EQ(u.layers[3].kv_group, 0);
+  for (int32_t l = 0; l < 3; ++l) EXPECT_EQ(u.layers[l].kv_group, l + 1);
+  EXPECT_EQ(u.kv_slabs(), 1);
 }
 
 TEST(KvGroupModel, AWindowWiderThanTheTextChangesNothingAndANarrowOneDoes) {
@@ -124,8 +137,13 @@ TEST(KvGroupModel, AWindowWiderThanTheTextChangesNothingAndANarrowOneDoes) {
 // past a 24-token window, so the local group's early blocks go back to the pool; a pool too small
 // for all four at once preempts; chunks of 32 tokens prefill them; the later ones hit the
 // prefix cache. Every output is the one-sequence reference's.
-TEST(KvGroupModel, TheEngineComputesWhatOneSequenceDoes) {
-  auto model = TinyModel(24, 2);
+// With pattern 2 the two kinds have two layers each: two groups, two slabs. With pattern 4 three
+// local layers and a global one: four groups of one layer (vLLM's rule: groups as large as the
+// smallest kind), one slab that every group's blocks share, so the pool's memory holds a block of
+// one layer per block id.
+void ExpectTheEngineComputesWhatOneSequenceDoes(uint32_t pattern, int32_t n_blocks,
+                                                int32_t n_groups) {
+  auto model = TinyModel(24, pattern);
   ASSERT_NE(model, nullptr);
   ThreadPool pool(2);
   EngineBuilder builder(*model, nullptr, pool);
@@ -135,13 +153,14 @@ TEST(KvGroupModel, TheEngineComputesWhatOneSequenceDoes) {
   ec.max_batch_tokens = 32;
   ec.max_step_ms = 0;
   ec.block_size = 16;
-  ec.n_blocks = 1 + 26;  // a full-context sequence needs 11 global and <= 6 local blocks
+  ec.n_blocks = n_blocks;
   ec.watermark_blocks = 0;
   ec.verify_each_step = true;
   auto local = builder.Local(ec);
   ASSERT_TRUE(local.ok()) << local.error();
   Engine& engine = *local->engine;
-  EXPECT_EQ(engine.kv().num_groups(), 2);
+  EXPECT_EQ(engine.kv().num_groups(), n_groups);
+  EXPECT_EQ(local->runner->storage().num_slabs(), kLayers / n_groups);
 
   const std::vector<int32_t> shared = Prompt(40, 0);
   std::map<RequestId, std::vector<int32_t>> prompts, outputs;
@@ -176,6 +195,15 @@ TEST(KvGroupModel, TheEngineComputesWhatOneSequenceDoes) {
   for (const auto& [id, prompt] : prompts) {
     EXPECT_EQ(outputs[id], GreedyReference(*model, prompt, 70)) << "request " << id;
   }
+}
+
+// A full-context sequence needs 11 global blocks and at most 6 in each local group.
+TEST(KvGroupModel, TheEngineComputesWhatOneSequenceDoes) {
+  ExpectTheEngineComputesWhatOneSequenceDoes(2, 1 + 26, 2);
+}
+
+TEST(KvGroupModel, GroupsThatShareOneSlabComputeWhatOneSequenceDoes) {
+  ExpectTheEngineComputesWhatOneSequenceDoes(4, 1 + 40, 4);
 }
 
 // Token eviction on model, refused with groups_text in the builder's message, and a request's

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
+#include "kv/kv_storage.h"
 
 namespace kvs::kv_group_test {
 namespace {
@@ -171,6 +172,32 @@ TEST_F(KvGroups, OneFullGroupMatchesAsBefore) {
   EXPECT_EQ(BlockValues(m.blocks), (std::vector<int32_t>{1, 2}));
   EXPECT_TRUE(m.group_blocks.empty());
   EXPECT_EQ(m.n_free, 0);
+}
+
+// Layers that share slabs (an engine's storage for a model of several KV groups): a block id
+// holds one block in each slab, the layers of a slab see the same memory, and whole-block reads
+// and writes (the tiers') are refused, since a block holds only its group's layers.
+TEST(KvSlabs, LayersOfOneSlabShareItsBlocksAndABlockCostsOneLayerPerSlab) {
+  const KvGeometry g{4, 2, 16, 16, 16, KvType::kF16, KvType::kF16};
+  const KvFormatPtr format = PlainKvFormat(g);
+  const KvStorage own(format, 8);
+  EXPECT_EQ(own.num_slabs(), 4);
+  EXPECT_FALSE(own.shares_slabs());
+  EXPECT_EQ(own.block_bytes(), g.BytesPerBlock());
+  KvStorage shared(format, 8, {0, 1, 0, 1});
+  EXPECT_EQ(shared.num_slabs(), 2);
+  EXPECT_TRUE(shared.shares_slabs());
+  EXPECT_EQ(shared.block_bytes() * 2, g.BytesPerBlock());
+  EXPECT_EQ(shared.bytes(), shared.block_bytes() * 8);
+  EXPECT_EQ(shared.layers()[0].k, shared.layers()[2].k);
+  EXPECT_EQ(shared.layers()[1].v, shared.layers()[3].v);
+  EXPECT_NE(shared.layers()[0].k, shared.layers()[1].k);
+  EXPECT_EQ(shared.slab_layers(), (std::vector<int32_t>{0, 1}));
+  std::vector<uint8_t> bytes;
+  EXPECT_FALSE(shared.ReadBlock(1, &bytes).ok());
+  EXPECT_FALSE(shared.WriteBlock(1, std::vector<uint8_t>(g.BytesPerBlock())).ok());
+  EXPECT_TRUE(own.ReadBlock(1, &bytes).ok());
+  EXPECT_EQ(bytes.size(), g.BytesPerBlock());
 }
 
 }  // namespace

@@ -52,10 +52,15 @@ class Model {
   // -1 if a type is unknown or cannot hold this model's head size.
   double kv_bytes_per_token(const std::string& cache_type_k = "f16",
                             const std::string& cache_type_v = "f16") const;
-  // KV blocks of block_size positions one sequence of `positions` positions holds at its peak,
-  // prefilled in chunks of at most max_batch_tokens: a model with sliding-window layers keeps a
-  // block table per kind of attention, and a window's holds the window (and a chunk), not every
-  // position. Size a pool with it, not with positions / block_size.
+  // KV bytes one sequence of `positions` positions holds at its peak in an engine's pool of
+  // block_size-position blocks, prefilled in chunks of at most max_batch_tokens: a model with
+  // sliding-window layers keeps a block table per group of layers, and a window's holds the
+  // window (and a chunk), not every position, in its own layers only. Size a pool with it, not
+  // with positions x kv_bytes_per_token. -1 as kv_bytes_per_token.
+  int64_t kv_bytes_per_sequence(int64_t positions, int32_t block_size, int32_t max_batch_tokens,
+                                const std::string& cache_type_k = "f16",
+                                const std::string& cache_type_v = "f16") const;
+  // The same in blocks (each holds one group's layers: a model of one group, every layer).
   int64_t kv_blocks_per_sequence(int64_t positions, int32_t block_size,
                                  int32_t max_batch_tokens) const;
 

@@ -31,9 +31,15 @@ Status CheckParallelism(const EngineOptions& o) {
 }
 
 // The KV pool's size in blocks. Sets o->kv_memory_bytes when it was left to the default.
-Expected<int64_t> KvPoolBlocks(EngineOptions* o, const KvGeometry& geometry,
-                               std::span<const KvGroupSpec> groups) {
-  const int64_t block_bytes = static_cast<int64_t>(geometry.BytesPerBlock());
+// A block's bytes: the cache types' in each of the model's KV slabs (kv/kv_storage.h: a block
+// holds one group's layers).
+int64_t PoolBlockBytes(const KvGeometry& geometry, const ModelConfig& c) {
+  return static_cast<int64_t>(SlabBlockBytes(geometry, c.kv_slabs()));
+}
+
+Expected<int64_t> KvPoolBlocks(EngineOptions* o, const KvGeometry& geometry, const ModelConfig& c) {
+  const std::span<const KvGroupSpec> groups = c.kv_groups;
+  const int64_t block_bytes = PoolBlockBytes(geometry, c);
   // A full context's blocks in every KV group (a sliding window's: its window and a chunk).
   const int64_t blocks_per_seq = PeakBlocks(groups, o->n_ctx, o->block_size, o->max_batch_tokens);
   const int64_t available = AvailableRamBytes();
@@ -60,10 +66,10 @@ Expected<int64_t> KvPoolBlocks(EngineOptions* o, const KvGeometry& geometry,
 }
 
 // The pool: PoolShape's exact one (its bytes in o->kv_memory_bytes), else KvPoolBlocks'.
-Expected<int64_t> PoolBlocks(EngineOptions* o, const KvGeometry& geometry,
-                             std::span<const KvGroupSpec> groups, const PoolShape& pool) {
-  if (pool.n_blocks <= 0) return KvPoolBlocks(o, geometry, groups);
-  o->kv_memory_bytes = int64_t{pool.n_blocks} * static_cast<int64_t>(geometry.BytesPerBlock());
+Expected<int64_t> PoolBlocks(EngineOptions* o, const KvGeometry& geometry, const ModelConfig& c,
+                             const PoolShape& pool) {
+  if (pool.n_blocks <= 0) return KvPoolBlocks(o, geometry, c);
+  o->kv_memory_bytes = int64_t{pool.n_blocks} * PoolBlockBytes(geometry, c);
   return int64_t{pool.n_blocks};
 }
 
@@ -184,9 +190,9 @@ Expected<std::optional<ZmqKvEventPublisherConfig>> KvEventsFromOptions(const Eng
 
 // The engine's config, its drafter and its KV events, refusing bad options and options that do
 // not go together. Sets s->options.kv_memory_bytes when it was left to the default.
-Status ConfigureEngine(std::span<const KvGroupSpec> groups, const PoolShape& pool, EngineSetup* s) {
+Status ConfigureEngine(const ModelConfig& c, const PoolShape& pool, EngineSetup* s) {
   EngineConfig* ec = &s->config;
-  KVS_ASSIGN_OR_RETURN(const int64_t n_blocks, PoolBlocks(&s->options, s->geometry, groups, pool));
+  KVS_ASSIGN_OR_RETURN(const int64_t n_blocks, PoolBlocks(&s->options, s->geometry, c, pool));
   KVS_RETURN_IF_ERROR(ConfigureScheduler(s->options, n_blocks, pool.watermark_blocks, ec));
   KVS_ASSIGN_OR_RETURN(s->spec, SpecFromOptions(s->options, ec->spec));
   if (ec->eviction.budget.active() && s->spec.type != SpecType::kNone) {
@@ -237,7 +243,7 @@ Expected<EngineSetup> ResolveEngineOptions(const kvserve::EngineOptions& options
   KVS_ASSIGN_OR_RETURN(s.geometry, CacheGeometry(model.config(), options.block_size,
                                                  options.cache_type_k, options.cache_type_v));
   KVS_RETURN_IF_ERROR(CheckParallelism(options));
-  KVS_RETURN_IF_ERROR(ConfigureEngine(model.config().kv_groups, pool, &s));
+  KVS_RETURN_IF_ERROR(ConfigureEngine(model.config(), pool, &s));
   s.options.threads = ThreadPool::ResolveThreadCount(options.threads);
   KVS_ASSIGN_OR_RETURN(s.kv, KvFormatFromOptions(s, tokenizer));
   return s;

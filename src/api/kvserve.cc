@@ -105,6 +105,15 @@ int64_t Model::kv_blocks_per_sequence(int64_t positions, int32_t block_size,
   return kvs::PeakBlocks(impl_->model->config().kv_groups, positions, block_size,
                          std::max(1, max_batch_tokens));
 }
+int64_t Model::kv_bytes_per_sequence(int64_t positions, int32_t block_size,
+                                     int32_t max_batch_tokens, const std::string& cache_type_k,
+                                     const std::string& cache_type_v) const {
+  const kvs::ModelConfig& c = impl_->model->config();
+  auto g = kvs::CacheGeometry(c, block_size, cache_type_k, cache_type_v);
+  if (!g) return -1;
+  return kv_blocks_per_sequence(positions, block_size, max_batch_tokens) *
+         static_cast<int64_t>(kvs::SlabBlockBytes(*g, c.kv_slabs()));
+}
 
 kvs::RequestOptions ToRequestOptions(const GenerationOptions& g, const kvs::Digest128& weights,
                                      const kvs::KvFormat& format,

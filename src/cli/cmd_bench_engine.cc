@@ -89,14 +89,18 @@ struct MemoryResult {
 
 Expected<MemoryResult> ServeWorkload(const Model& model, const std::vector<Job>& jobs,
                                      const MemoryArgs& a, bool contiguous, ThreadPool& pool) {
-  kvserve::EngineOptions eo;  // f32 K/V, a pool of exactly kv_contexts full contexts
+  // f32 K/V, a pool of exactly the bytes of kv_contexts full contexts in every layer: a model of
+  // several KV groups (sliding windows) has blocks of fewer layers (kv_slabs), so more of them.
+  kvserve::EngineOptions eo;
   eo.n_ctx = a.n_ctx;
   eo.n_parallel = a.max_seqs;
   eo.max_batch_tokens = a.max_batch_tokens;
   eo.block_size = a.block_size;
   eo.cache_type_k = eo.cache_type_v = "f32";
   eo.reserve_full_context = contiguous;
-  const PoolShape shape{static_cast<int32_t>(a.kv_contexts * a.n_ctx / a.block_size) + 1};
+  const ModelConfig& c = model.config();
+  const PoolShape shape{
+      static_cast<int32_t>(a.kv_contexts * a.n_ctx / a.block_size * c.n_layer / c.kv_slabs()) + 1};
   KVS_ASSIGN_OR_RETURN(EngineSetup setup, ResolveEngineOptions(eo, model, nullptr, shape));
   KVS_ASSIGN_OR_RETURN(LocalEngine local, BuildLocalEngine(std::move(setup), model, nullptr, pool));
   Engine& engine = *local.engine;

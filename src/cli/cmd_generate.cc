@@ -86,12 +86,11 @@ int RunGenerate(GenerateArgs a) {
                                      {eo.kv_sink, eo.kv_window}) +
                              slack));
     }
-    const int64_t blocks =
-        model->kv_blocks_per_sequence(positions, eo.block_size, eo.max_batch_tokens) + 2;
-    const double per_token = model->kv_bytes_per_token(eo.cache_type_k, eo.cache_type_v);
-    if (per_token > 0) {  // else Engine::Start reports the bad type
-      eo.kv_memory_bytes = static_cast<int64_t>(std::ceil(blocks * eo.block_size * per_token));
-    }
+    // And two blocks of slack (the null block, and one the admission watermark may keep).
+    const int64_t bytes =
+        model->kv_bytes_per_sequence(positions + 2 * eo.block_size, eo.block_size,
+                                     eo.max_batch_tokens, eo.cache_type_k, eo.cache_type_v);
+    if (bytes > 0) eo.kv_memory_bytes = bytes;  // else Engine::Start reports the bad type
   }
   std::unique_ptr<kvserve::Engine> engine = kvserve::Engine::Start(model, eo, &error);
   if (!engine) {

@@ -101,7 +101,7 @@ Expected<SpecRuntime> EngineBuilder::MakeSpec(const EngineConfig& config, ModelR
                                            config.max_seqs, options);
       if (!drafter.ok()) return drafter.status();
       (*drafter)->SetTargetCost(static_cast<double>(model_.WeightBytesPerToken()),
-                                static_cast<double>(runner.storage().geometry().BytesPerBlock()) /
+                                static_cast<double>(runner.storage().block_bytes()) /
                                     runner.storage().geometry().block_size);
       KVS_LOG_INFO(
           "spec: a draft model (%s, %.0f%% of the target's bytes per token), %d blocks "

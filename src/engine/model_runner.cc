@@ -7,18 +7,28 @@
 
 namespace kvs {
 
+namespace {
+// Each layer's place in its KV group: the slab its blocks are in (kv_storage.h). A model of one
+// group has a slab per layer.
+std::vector<int32_t> LayerSlabs(const ModelConfig& c) {
+  std::vector<int32_t> slabs;
+  for (const LayerSpec& l : c.layers) slabs.push_back(l.kv_slab);
+  return slabs;
+}
+}  // namespace
+
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, KvFormatPtr format, int32_t n_blocks)
     : model_(model),
       weight_bytes_(static_cast<double>(model.WeightBytesPerToken())),
-      storage_(std::move(format), n_blocks),
+      storage_(std::move(format), n_blocks, LayerSlabs(model.config())),
       forward_(model, pool),
       sampler_(model.config().n_vocab) {}
 
 Status ModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   const int32_t m = storage_.kernel_blocks_per_block();
   for (const BlockCopy& copy : copies) {
-    for (const KvLayerView& layer : storage_.layers()) {
-      CopyKvBlocks(layer, static_cast<int64_t>(copy.src.value) * m,
+    for (int32_t l : storage_.slab_layers()) {
+      CopyKvBlocks(storage_.layers()[l], static_cast<int64_t>(copy.src.value) * m,
                    static_cast<int64_t>(copy.dst.value) * m, m);
     }
   }
@@ -26,8 +36,8 @@ Status ModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
 }
 
 double ModelRunner::KvShareAt(int32_t n_context) const {
-  const double kv = static_cast<double>(storage_.geometry().BytesPerBlock()) /
-                    storage_.geometry().block_size * n_context;
+  const double kv =
+      static_cast<double>(storage_.block_bytes()) / storage_.geometry().block_size * n_context;
   return kv / (kv + weight_bytes_);
 }
 

@@ -31,16 +31,26 @@ KvLayerView KvLayerViewOf(const KvFormat& format, int32_t l) {
   return layer;
 }
 
-KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
+size_t SlabBlockBytes(const KvGeometry& geometry, int32_t n_slabs) {
+  return geometry.BytesPerBlock() / static_cast<size_t>(geometry.n_layer) * n_slabs;
+}
+
+KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks, std::vector<int32_t> layer_slab)
     : format_(std::move(format)), n_blocks_(n_blocks) {
   KVS_CHECK(format_ != nullptr && n_blocks >= 1);
   const KvGeometry& g = format_->geometry();
+  if (layer_slab.empty()) {
+    for (int32_t l = 0; l < g.n_layer; ++l) layer_slab.push_back(l);
+  }
+  KVS_CHECK(static_cast<int32_t>(layer_slab.size()) == g.n_layer);
+  n_slabs_ = 1 + *std::max_element(layer_slab.begin(), layer_slab.end());
+  KVS_CHECK(*std::min_element(layer_slab.begin(), layer_slab.end()) >= 0 && n_slabs_ <= g.n_layer);
   const size_t kernel_blocks = static_cast<size_t>(n_blocks) * (g.block_size / kKvBlockTokens);
   KvLayerView layer = KvLayerViewOf(*format_, 0);
   const size_t k_bytes = kernel_blocks * layer.k_block_stride();
   const size_t v_bytes = kernel_blocks * layer.v_block_stride();
   constexpr size_t kHugePage = size_t{2} << 20;
-  memory_bytes_ = ((k_bytes + v_bytes) * g.n_layer + kHugePage - 1) / kHugePage * kHugePage;
+  memory_bytes_ = ((k_bytes + v_bytes) * n_slabs_ + kHugePage - 1) / kHugePage * kHugePage;
   void* memory = std::aligned_alloc(kHugePage, memory_bytes_);
   if (memory == nullptr) throw std::bad_alloc();  // the builders report it as too much --kv-memory
   memory_.reset(static_cast<uint8_t*>(memory));
@@ -56,14 +66,16 @@ KvStorage::KvStorage(KvFormatPtr format, int32_t n_blocks)
       if (madvise(data + at, std::min(kStep, size - at), MADV_POPULATE_WRITE) != 0) break;
     }
   });
-  uint8_t* p = memory_.get();
   for (int32_t l = 0; l < g.n_layer; ++l) {
+    uint8_t* slab = memory_.get() + static_cast<size_t>(layer_slab[l]) * (k_bytes + v_bytes);
     layer = KvLayerViewOf(*format_, l);
-    layer.k = p;
-    layer.v = p + k_bytes;
+    layer.k = slab;
+    layer.v = slab + k_bytes;
     layers_.push_back(layer);
-    p += k_bytes + v_bytes;
   }
+  slab_layers_.assign(n_slabs_, -1);
+  for (int32_t l = g.n_layer - 1; l >= 0; --l) slab_layers_[layer_slab[l]] = l;
+  KVS_CHECK(*std::min_element(slab_layers_.begin(), slab_layers_.end()) >= 0);  // none unused
 }
 
 KvStorage::~KvStorage() {
@@ -79,6 +91,8 @@ std::vector<int32_t> KvStorage::KernelBlocks(std::span<const BlockId> blocks) co
 }
 
 Status KvStorage::ReadBlock(int32_t block, std::vector<uint8_t>* out) const {
+  if (shares_slabs())
+    return Status::Error("a KV block of a storage that shares slabs is not whole");
   if (block < 1 || block >= n_blocks_) {
     return Status::Error(StrFormat("KV block %d is not in the pool (1..%d)", block, n_blocks_ - 1));
   }
@@ -95,6 +109,8 @@ Status KvStorage::ReadBlock(int32_t block, std::vector<uint8_t>* out) const {
 }
 
 Status KvStorage::WriteBlock(int32_t block, std::span<const uint8_t> bytes) {
+  if (shares_slabs())
+    return Status::Error("a KV block of a storage that shares slabs is not whole");
   if (block < 1 || block >= n_blocks_) {
     return Status::Error(StrFormat("KV block %d is not in the pool (1..%d)", block, n_blocks_ - 1));
   }

@@ -2,6 +2,13 @@
 // pool (KvCacheManager) hands out block ids; this class only owns the bytes, the format they are
 // in (kv_format.h), and tells the kernels where a layer's blocks are (kernels/kv_layer.h gives
 // the layout inside a layer).
+//
+// Memory slabs: by default each layer has a slab of its own, and a block id holds a block in
+// every layer. An engine whose model has several KV groups (kv/kv_group.h) shares slabs between
+// groups instead, as vLLM's hybrid KV cache manager shares tensors: layer l keeps its blocks in
+// slab layer_slab[l] (its place in its group), and a block id, which belongs to one group at a
+// time, holds that group's layers only. A sliding window's blocks then cost its own layers' bytes,
+// not every layer's.
 #pragma once
 
 #include <atomic>
@@ -23,13 +30,17 @@ namespace kvs {
 // what a storage fills in, and what a codec points at one block's bytes (ReadBlock's layout).
 KvLayerView KvLayerViewOf(const KvFormat& format, int32_t l);
 
+// The bytes of one block of n_slabs slabs of this geometry's layers (BytesPerBlock at n_layer).
+size_t SlabBlockBytes(const KvGeometry& geometry, int32_t n_slabs);
+
 class KvStorage {
  public:
   // n_blocks counts the null block, which is allocated too (never written, never read).
   // The memory's pages are faulted in by a thread of its own (MADV_POPULATE_WRITE: contents
   // untouched, so the engine may write meanwhile), as llama.cpp clears its KV buffer at start:
   // the first prefill or load from disk then writes into memory the kernel has already zeroed.
-  KvStorage(KvFormatPtr format, int32_t n_blocks);
+  // layer_slab: [n_layer] each layer's slab, from 0 (empty: a slab per layer).
+  KvStorage(KvFormatPtr format, int32_t n_blocks, std::vector<int32_t> layer_slab = {});
   ~KvStorage();
   KvStorage(const KvStorage&) = delete;
   KvStorage& operator=(const KvStorage&) = delete;
@@ -38,7 +49,13 @@ class KvStorage {
   const KvFormatPtr& shared_format() const { return format_; }
   const KvGeometry& geometry() const { return format_->geometry(); }
   int32_t num_blocks() const { return n_blocks_; }
-  size_t bytes() const { return geometry().BytesPerBlock() * n_blocks_; }
+  int32_t num_slabs() const { return n_slabs_; }
+  // Whether layers share slabs (then a block holds one group's layers, and the tiers, which move
+  // whole blocks of every layer, cannot read or write it).
+  bool shares_slabs() const { return n_slabs_ != geometry().n_layer; }
+  // One block's bytes in every slab: what a block id costs.
+  size_t block_bytes() const { return SlabBlockBytes(geometry(), n_slabs_); }
+  size_t bytes() const { return block_bytes() * n_blocks_; }
   // Kernel blocks (16 positions) per pool block.
   int32_t kernel_blocks_per_block() const { return geometry().block_size / kKvBlockTokens; }
   // The kernel blocks of pool blocks, in order (pool block b holds kernel blocks b * m ..
@@ -51,6 +68,9 @@ class KvStorage {
     return blocks[b / m].value * m + b % m;
   }
   const std::vector<KvLayerView>& layers() const { return layers_; }
+  // One layer of each slab: the views whose blocks together are a block id's bytes (what a copy
+  // of a block copies).
+  const std::vector<int32_t>& slab_layers() const { return slab_layers_; }
 
   // Makes the RoPE table of a RoPE-dependent key coding cover positions [0, n_positions)
   // (KvFormat::NeedsRopeTable; a no-op otherwise). It grows by doubling and is shared by every
@@ -66,6 +86,7 @@ class KvStorage {
  private:
   KvFormatPtr format_;
   int32_t n_blocks_;
+  int32_t n_slabs_;
   // [n_layer][K: kernel blocks of K head blocks | V: ...], in transparent huge pages where the
   // kernel grants them: a block's bytes are spread over every layer, so in 4 KiB pages the first
   // write of a block (a prefill, a load from disk) faults a page per layer and K/V half, which
@@ -77,7 +98,8 @@ class KvStorage {
   std::thread prefault_;  // joined before memory_ goes
   std::atomic<bool> stop_prefault_{false};
   std::vector<KvLayerView> layers_;
-  std::vector<float> rope_table_;  // RopeTable (attention.h) of positions [0, 16 * rope_blocks_)
+  std::vector<int32_t> slab_layers_;  // [n_slabs] the first layer in each slab
+  std::vector<float> rope_table_;     // RopeTable (attention.h) of positions [0, 16 * rope_blocks_)
   int32_t rope_blocks_ = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "model/arch/architecture.h"
 
@@ -31,21 +32,37 @@ float ModelConfig::attention_scale() const {
   return query_scale > 0 ? query_scale : 1.f / std::sqrt(static_cast<float>(head_dim_k));
 }
 
+int32_t ModelConfig::kv_slabs() const {
+  int32_t slabs = 0;
+  for (const LayerSpec& l : layers) slabs = std::max(slabs, l.kv_slab + 1);
+  return slabs;
+}
+
 Status AssignKvGroups(ModelConfig* c) {
-  std::vector<int32_t> windows;  // 0: global
-  for (const LayerSpec& l : c->layers) {
-    const bool sliding = l.attention == AttentionKind::kSliding;
-    if (sliding && l.window <= 0) return Status::Error("a sliding-window layer has no window");
-    windows.push_back(sliding ? l.window : 0);
-  }
-  std::vector<int32_t> distinct = windows;
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  c->kv_groups.clear();
-  for (int32_t w : distinct) c->kv_groups.push_back(KvGroupSpec{w});
+  // The layers of each kind of attention (0: global, else the window), kinds in group order.
+  std::map<int32_t, std::vector<int32_t>> kinds;
   for (size_t l = 0; l < c->layers.size(); ++l) {
-    c->layers[l].kv_group = static_cast<int32_t>(
-        std::find(distinct.begin(), distinct.end(), windows[l]) - distinct.begin());
+    const LayerSpec& spec = c->layers[l];
+    const bool sliding = spec.attention == AttentionKind::kSliding;
+    if (sliding && spec.window <= 0) return Status::Error("a sliding-window layer has no window");
+    kinds[sliding ? spec.window : 0].push_back(static_cast<int32_t>(l));
+  }
+  // Every group gets the same number of layers (vLLM's uniform page size): the smallest kind's
+  // count, or the largest's where that pads little (under a quarter more).
+  size_t smallest = c->layers.size(), largest = 0;
+  for (const auto& [window, layers] : kinds) {
+    smallest = std::min(smallest, layers.size());
+    largest = std::max(largest, layers.size());
+  }
+  const size_t per_group = largest * 4 < smallest * 5 ? largest : std::max<size_t>(smallest, 1);
+  c->kv_groups.clear();
+  for (const auto& [window, layers] : kinds) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (i % per_group == 0) c->kv_groups.push_back(KvGroupSpec{window});
+      LayerSpec& spec = c->layers[layers[i]];
+      spec.kv_group = static_cast<int32_t>(c->kv_groups.size()) - 1;
+      spec.kv_slab = static_cast<int32_t>(i % per_group);
+    }
   }
   return Status::Ok();
 }

@@ -40,6 +40,8 @@ struct LayerSpec {
   int32_t window = 0;    // kSliding: the positions a query sees, itself included (else 0)
   int32_t kv_group = 0;  // index into ModelConfig::kv_groups: the layers whose attention is
                          // alike share one block table per sequence (kv/kv_group.h)
+  int32_t kv_slab = 0;   // the layer's place in its group: where an engine's shared KV memory
+                         // keeps its blocks (ModelConfig::kv_slabs, kv/kv_storage.h)
   int32_t rope = 0;      // index into ModelConfig::ropes
   bool qk_norm = false;  // per-head RMS norm of Q and K before RoPE (qwen3, gemma3)
   NormPlacement norms = NormPlacement::kPre;
