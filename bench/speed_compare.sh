@@ -12,21 +12,23 @@
 # kvserve runs at the instruction-set level KVSERVE_ISA names (default: the CPU's best); -b
 # bin-avx2 takes the peer built without AVX-512 (build-llama-cpp.sh --isa avx2) to compare with
 # KVSERVE_ISA=avx2.
-#   usage: bench/speed_compare.sh [-r REPS] [-t THREADS] [-p PROMPT] [-n GEN] [-b PEER_BIN_DIR]
-#          MODEL.gguf...
+# -d DEPTH runs both tests after DEPTH tokens of context (llama-bench -d, kvserve bench speed -d).
+#   usage: bench/speed_compare.sh [-r REPS] [-t THREADS] [-p PROMPT] [-n GEN] [-d DEPTH]
+#          [-b PEER_BIN_DIR] MODEL.gguf...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=3
 THREADS=2
 PP=512
 TG=128
+DEPTH=0
 BIN=bin
-while getopts "r:t:p:n:b:" o; do
-  case $o in r) REPS=$OPTARG ;; t) THREADS=$OPTARG ;; p) PP=$OPTARG ;; n) TG=$OPTARG ;; b) BIN=$OPTARG ;;
-    *) exit 2 ;; esac
+while getopts "r:t:p:n:d:b:" o; do
+  case $o in r) REPS=$OPTARG ;; t) THREADS=$OPTARG ;; p) PP=$OPTARG ;; n) TG=$OPTARG ;; d) DEPTH=$OPTARG ;;
+    b) BIN=$OPTARG ;; *) exit 2 ;; esac
 done
 shift $((OPTIND - 1))
-[[ $# -ge 1 ]] || { echo "usage: $0 [-r REPS] [-t THREADS] [-p PROMPT] [-n GEN] [-b PEER_BIN_DIR] MODEL.gguf..." >&2; exit 2; }
+[[ $# -ge 1 ]] || { echo "usage: $0 [-r REPS] [-t THREADS] [-p PROMPT] [-n GEN] [-d DEPTH] [-b PEER_BIN_DIR] MODEL.gguf..." >&2; exit 2; }
 PEER=${KVS_PEER_DIR:-$HOME/.cache/kvserve-peer}/$BIN
 [ -x "$PEER/llama-bench" ] || { echo "no $PEER/llama-bench (../shared/peer/build-llama-cpp.sh)" >&2; exit 1; }
 ISA=$(build/kvserve --version | sed -n 's/.*kernels: \([a-z0-9]*\).*/\1/p')
@@ -37,12 +39,12 @@ for pages in huge small; do
   build/kvserve bench bandwidth -t "$THREADS" --pages $pages --json >"$TMP/bw_$pages.json"
 done
 for m in "$@"; do
-  build/kvserve bench speed -m "$m" -p "$PP" -n "$TG" -t "$THREADS" -r "$REPS" --json 2>/dev/null >>"$TMP/ours.jsonl"
+  build/kvserve bench speed -m "$m" -p "$PP" -n "$TG" -d "$DEPTH" -t "$THREADS" -r "$REPS" --json 2>/dev/null >>"$TMP/ours.jsonl"
   # One llama-bench run, both load modes (it reloads the model for each).
-  "$PEER/llama-bench" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" -fa on -lm mmap,none -o json 2>/dev/null |
+  "$PEER/llama-bench" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -d "$DEPTH" -r "$REPS" -fa on -lm mmap,none -o json 2>/dev/null |
     python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >>"$TMP/peer.jsonl"
 done
-python3 - "$TMP" "$PP" "$TG" "$ISA" "$BIN" "$@" <<'PY'
+DEPTH=$DEPTH python3 - "$TMP" "$PP" "$TG" "$ISA" "$BIN" "$@" <<'PY'
 import json, os, sys
 tmp, pp_n, tg_n, isa, peer_bin, models = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
 bw = {p: json.load(open(os.path.join(tmp, "bw_%s.json" % p))) for p in ("huge", "small")}
@@ -57,7 +59,7 @@ if bw["huge"].get("huge_page_pct") is not None and bw["huge"]["huge_page_pct"] <
     print("warning: the kernel gave few huge pages; the 'huge' figure is not a huge-page one")
 print()
 print("kvserve kernels at the %s level; llama.cpp: %s/llama-bench -fa on, the better of -lm mmap and -lm none "
-      "per test (the mode that won in brackets)" % (isa, peer_bin))
+      "per test (the mode that won in brackets); depth %s" % (isa, peer_bin, os.environ.get("DEPTH", "0")))
 print()
 print("| model | kvserve pp%s | llama.cpp pp%s | ratio | kvserve tg%s | llama.cpp tg%s | ratio | GB/token "
       "| kvserve roofline | llama.cpp roofline |" % (pp_n, pp_n, tg_n, tg_n))

@@ -194,10 +194,10 @@ TEST(Gemma3, ReadsLocalAndGlobalLayersAsLlamaCppDoes) {
   ASSERT_TRUE(config.ok()) << config.error();
   const ModelConfig& c = *config;
   ASSERT_EQ(c.ropes.size(), 2u);
-  EXPECT_FLOAT_EQ(c.ropes[0].freq_base, kGlobalBase);
-  EXPECT_FLOAT_EQ(c.ropes[0].freq_scale, 1.f / kGlobalFactor);
-  EXPECT_FLOAT_EQ(c.ropes[1].freq_base, kLocalBase);
-  EXPECT_FLOAT_EQ(c.ropes[1].freq_scale, 1.f);
+  EXPECT_FLOAT_EQ(c.rope_of(5).freq_base, kGlobalBase);
+  EXPECT_FLOAT_EQ(c.rope_of(5).freq_scale, 1.f / kGlobalFactor);
+  EXPECT_FLOAT_EQ(c.rope_of(0).freq_base, kLocalBase);
+  EXPECT_FLOAT_EQ(c.rope_of(0).freq_scale, 1.f);
   EXPECT_TRUE(c.ropes[0].neox && c.ropes[1].neox);
   // The global layer, then each local one (groups as large as the smallest kind: one layer).
   ASSERT_EQ(c.kv_groups.size(), 6u);
@@ -208,7 +208,7 @@ TEST(Gemma3, ReadsLocalAndGlobalLayersAsLlamaCppDoes) {
     const LayerSpec& s = c.layers[l];
     const bool local = l != 5;
     EXPECT_EQ(s.attention, local ? AttentionKind::kSliding : AttentionKind::kGlobal) << l;
-    EXPECT_EQ(s.rope, local ? 1 : 0) << l;
+    EXPECT_EQ(s.rope, local ? 0 : 1) << l;  // in order of first use: layer 0 is local
     EXPECT_EQ(s.kv_group, local ? l + 1 : 0) << l;
     EXPECT_TRUE(s.qk_norm);
     EXPECT_EQ(s.norms, NormPlacement::kPreAndPost);
@@ -219,16 +219,53 @@ TEST(Gemma3, ReadsLocalAndGlobalLayersAsLlamaCppDoes) {
   EXPECT_FLOAT_EQ(c.rms_eps, 1e-6f);
 }
 
+// Only the RoPEs some layer uses are kept, once each (key calibrations need a model of one).
 TEST(Gemma3, WithoutAWindowEveryLayerIsGlobalWithTheGlobalRope) {
   auto file = gguf::File::FromBytes(GemmaBytes(0));
   ASSERT_TRUE(file.ok()) << file.error();
   auto config = ReadModelConfig(**file);
   ASSERT_TRUE(config.ok()) << config.error();
   EXPECT_EQ(config->kv_groups.size(), 1u);
+  ASSERT_EQ(config->ropes.size(), 1u);
+  EXPECT_FLOAT_EQ(config->ropes[0].freq_base, kGlobalBase);
   for (const LayerSpec& s : config->layers) {
     EXPECT_EQ(s.attention, AttentionKind::kGlobal);
     EXPECT_EQ(s.rope, 0);
   }
+}
+
+TEST(Gemma3, LocalAndGlobalLayersOfOneRopeShareIt) {
+  gguf::Writer w = testing::MakeTinyModelWriter(Spec());  // rope.freq_base 10000, unscaled
+  w.Set("gemma3.attention.sliding_window", gguf::Value::Uint32(kWindow));
+  auto file = gguf::File::FromBytes(w.Serialize());
+  ASSERT_TRUE(file.ok()) << file.error();
+  auto config = ReadModelConfig(**file);
+  ASSERT_TRUE(config.ok()) << config.error();
+  ASSERT_EQ(config->ropes.size(), 1u);
+  for (const LayerSpec& s : config->layers) EXPECT_EQ(s.rope, 0);
+  // Every layer local (pattern 0): the local RoPE alone.
+  w.Set("gemma3.rope.freq_base", gguf::Value::Float32(kGlobalBase));
+  w.Set("gemma3.attention.sliding_window_pattern", gguf::Value::Uint32(0));
+  auto all_local = gguf::File::FromBytes(w.Serialize());
+  ASSERT_TRUE(all_local.ok()) << all_local.error();
+  auto local = ReadModelConfig(**all_local);
+  ASSERT_TRUE(local.ok()) << local.error();
+  ASSERT_EQ(local->ropes.size(), 1u);
+  EXPECT_FLOAT_EQ(local->ropes[0].freq_base, kLocalBase);
+}
+
+TEST(Gemma3, A27BShapeWhoseQueryScalarIsZeroIsRefused) {
+  testing::TinyModelSpec spec = Spec();
+  spec.n_layer = 62;
+  spec.n_embd = 16;
+  spec.n_head = 32;
+  spec.n_head_kv = 32;
+  spec.head_dim = 16;
+  auto file = gguf::File::FromBytes(testing::MakeTinyModelWriter(spec).Serialize());
+  ASSERT_TRUE(file.ok()) << file.error();
+  auto config = ReadModelConfig(**file);
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.error().find("16 / 32 is 0"), std::string::npos) << config.error();
 }
 
 TEST(Gemma3, LogitsMatchAFullCacheReferenceThatMasksEachLocalLayersWindow) {

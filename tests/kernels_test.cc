@@ -601,11 +601,11 @@ TEST(MatMul, ZeroInputsGiveExactZeros) {
 // ---------------------------------------------------------------------------------------------
 // Interleaved layout (kernels/repack.h)
 
-// The types with an interleaved kernel at the level in force (Q5_K: AVX2 only).
+// The types with an interleaved kernel at the level in force (Q5_K, Q5_0: AVX2 only).
 std::vector<DType> InterleavedTypes() {
   std::vector<DType> types;
-  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kF32,
-                  DType::kF16, DType::kBF16}) {
+  for (DType t : {DType::kQ4_0, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
+                  DType::kQ6_K, DType::kF32, DType::kF16, DType::kBF16}) {
     if (matmul_internal::InterleavedKernelAvailable(t)) types.push_back(t);
   }
   return types;
@@ -647,10 +647,12 @@ TEST(Interleave, OnlyWholeGroupsOfPackedRows) {
     EXPECT_FALSE(CanInterleave(
         MatrixView{t, nullptr, 32, cols, rb, WeightLayout::kInterleaved16}));  // already done
   }
-  EXPECT_FALSE(
-      CanInterleave(MatrixView{DType::kQ5_0, nullptr, 32, 256, RowBytes(DType::kQ5_0, 256)}));
-  // Q5_K has an interleaved kernel at the AVX2 level only.
-  EXPECT_EQ(CanInterleave(MatrixView{DType::kQ5_K, nullptr, 32, 256, RowBytes(DType::kQ5_K, 256)}),
+  // Q5_K and Q5_0 have interleaved kernels at the AVX2 level only.
+  for (DType t : {DType::kQ5_K, DType::kQ5_0}) {
+    EXPECT_EQ(CanInterleave(MatrixView{t, nullptr, 32, 256, RowBytes(t, 256)}),
+              matmul_internal::InterleavedKernelAvailable(t));
+  }
+  EXPECT_EQ(matmul_internal::InterleavedKernelAvailable(DType::kQ5_0),
             matmul_internal::InterleavedKernelAvailable(DType::kQ5_K));
   for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
     EXPECT_TRUE(CanInterleave(MatrixView{t, nullptr, 32, 256, RowBytes(t, 256)}));

@@ -432,6 +432,14 @@ TEST(ChatTemplate, DetectsFamiliesAndRendersThem) {
             "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello"
             "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
   EXPECT_TRUE(gemma.add_bos);
+  // As the Jinja template: only a first system message opens the next turn (an empty one still
+  // adds its blank line), a later one is a turn, and a lone system message renders no turn.
+  EXPECT_EQ(RenderChat(ChatFormat::kGemma, {{"system", ""}, {"assistant", "A"}}).text,
+            "<start_of_turn>model\n\n\nA<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(RenderChat(ChatFormat::kGemma, {{"user", "Q"}, {"system", "S"}}).text,
+            "<start_of_turn>user\nQ<end_of_turn>\n<start_of_turn>system\nS<end_of_turn>\n"
+            "<start_of_turn>model\n");
+  EXPECT_EQ(RenderChat(ChatFormat::kGemma, {{"system", "S"}}).text, "<start_of_turn>model\n");
   const RenderedChat plain = RenderChat(ChatFormat::kPlain, m);
   EXPECT_EQ(plain.text, "System: Be brief.\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
   EXPECT_TRUE(plain.add_bos);

@@ -86,11 +86,16 @@ int RunGenerate(GenerateArgs a) {
                                      {eo.kv_sink, eo.kv_window}) +
                              slack));
     }
-    // And two blocks of slack (the null block, and one the admission watermark may keep).
-    const int64_t bytes =
-        model->kv_bytes_per_sequence(positions + 2 * eo.block_size, eo.block_size,
-                                     eo.max_batch_tokens, eo.cache_type_k, eo.cache_type_v);
-    if (bytes > 0) eo.kv_memory_bytes = bytes;  // else Engine::Start reports the bad type
+    // Its blocks, the null block and the engine's 1% admission watermark (as the default pool
+    // counts them for -np sequences).
+    const int64_t blocks =
+        model->kv_blocks_per_sequence(positions, eo.block_size, eo.max_batch_tokens);
+    const int64_t bytes = model->kv_bytes_per_sequence(
+        positions, eo.block_size, eo.max_batch_tokens, eo.cache_type_k, eo.cache_type_v);
+    if (bytes > 0 && blocks > 0) {  // else Engine::Start reports the bad type
+      const int64_t pool = static_cast<int64_t>(std::ceil((blocks + 1) * 1.02)) + 1;
+      eo.kv_memory_bytes = pool * (bytes / blocks);
+    }
   }
   std::unique_ptr<kvserve::Engine> engine = kvserve::Engine::Start(model, eo, &error);
   if (!engine) {

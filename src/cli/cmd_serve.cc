@@ -57,13 +57,17 @@ int RunServe(ServeArgs a) {
   }
   const kvserve::EngineStats kv = server.stats();
   const kvserve::EngineOptions& eo = server.engine_options();
-  std::fprintf(stderr,
-               "kvserve: serving model '%s' (-np %d, -c %d); KV cache %.1f MiB of K %s / V %s: "
-               "%d blocks of %d positions = %lld tokens; Ctrl-C stops\n",
-               server.model_id().c_str(), eo.n_parallel, eo.n_ctx,
-               eo.kv_memory_bytes / double(1 << 20), eo.cache_type_k.c_str(),
-               eo.cache_type_v.c_str(), kv.kv_blocks_total, kv.block_size,
-               static_cast<long long>(kv.kv_blocks_total) * kv.block_size);
+  // A model of several KV groups takes a block per group for the same positions: say what the
+  // pool holds in full contexts, not blocks x positions.
+  const int64_t per_context = std::max<int64_t>(1, server.blocks_per_context());
+  std::fprintf(
+      stderr,
+      "kvserve: serving model '%s' (-np %d, -c %d); KV cache %.1f MiB of K %s / V %s: "
+      "%d blocks of %d positions, %.1f full contexts of -c (%lld blocks each); Ctrl-C "
+      "stops\n",
+      server.model_id().c_str(), eo.n_parallel, eo.n_ctx, eo.kv_memory_bytes / double(1 << 20),
+      eo.cache_type_k.c_str(), eo.cache_type_v.c_str(), kv.kv_blocks_total, kv.block_size,
+      static_cast<double>(kv.kv_blocks_total) / per_context, static_cast<long long>(per_context));
   std::fprintf(stderr, "kvserve: KV format %s; weights digest %s\n", server.kv_format().c_str(),
                server.weights_digest().c_str());
   std::fprintf(stderr, "kvserve: kernels: %s\n", kvserve::CpuIsaDescription().c_str());

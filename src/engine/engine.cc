@@ -130,7 +130,11 @@ Status Engine::ValidateRequest(const std::vector<int32_t>& prompt, const Request
     positions = evictor_.PeakSlots(budget, static_cast<int32_t>(prompt.size()),
                                    static_cast<int32_t>(positions), kv_.block_size());
   }
-  const int64_t need = kv_.PeakBlocks(positions, config_.max_batch_tokens);
+  // A reserved context takes every group's blocks of it (KvCacheManager::Reserve).
+  const int64_t need =
+      config_.reserve_full_context
+          ? int64_t{kv_.BlocksFor(static_cast<int32_t>(positions))} * kv_.num_groups()
+          : kv_.PeakBlocks(positions, config_.max_batch_tokens);
   const int32_t room = kv_.num_usable_blocks() - kv_.watermark_blocks();
   if (need > room) {
     return Status::Error(StrFormat(

@@ -76,8 +76,9 @@ int32_t Scheduler::running_seats() const {
 int32_t Scheduler::AdmissionBlocks(const Sequence& seq, int32_t n_tokens) const {
   const int32_t grow = kv_.BlocksToAppend(seq.id, n_tokens);
   if (config_.reserve_positions <= 0) return grow;
-  const int32_t have = static_cast<int32_t>(kv_.Table(seq.id).blocks.size());
-  return std::max(grow, kv_.BlocksFor(config_.reserve_positions) - have);
+  // Every group's table reserved to the whole context (a sliding window's too: the contiguous
+  // baseline of `bench memory` holds what a cache without windows holds).
+  return std::max(grow, kv_.BlocksToReserve(seq.id, config_.reserve_positions));
 }
 
 SchedulePlan Scheduler::Plan() const {

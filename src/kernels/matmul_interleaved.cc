@@ -1,8 +1,8 @@
-// Q4_0 and Q8_0 weights in WeightLayout::kInterleaved16 (see kernels/repack.h) times activations
-// quantized to Q8_0. Each 32-bit lane of an accumulator is one (row, token) pair: a block's
-// eight dpbusd steps add into it with no reduction between them, and only then does the block
-// pay for its f32 conversion and scaling — once per 16 rows, where the row-major kernels pay
-// per row and per pair of blocks.
+// Q4_0, Q8_0 (and at the AVX2 level Q5_0) weights in WeightLayout::kInterleaved16 (see
+// kernels/repack.h) times activations quantized to Q8_0. Each 32-bit lane of an accumulator is one
+// (row, token) pair: a block's eight dpbusd steps add into it with no reduction between them, and
+// only then does the block pay for its f32 conversion and scaling — once per 16 rows, where the
+// row-major kernels pay per row and per pair of blocks.
 #include <algorithm>
 #include <cstring>
 
@@ -10,6 +10,7 @@
 #include "kernels/matmul_internal.h"
 #include "kernels/repack.h"
 #include "tensor/dtype.h"
+#include "tensor/kquants.h"
 
 #include "kernels/isa_begin.h"
 #include "kernels/simd.h"
@@ -23,7 +24,8 @@ namespace kvs::matmul_internal::KVS_ISA {
 bool InterleavedKernelAvailable(DType t) {
   switch (t) {
 #if defined(KVS_ISA_AVX2) && !KVS_MATMUL_AVX512
-    case DType::kQ5_K:  // AVX2 only: the AVX-512 level keeps its row-major Q5_K kernel
+    case DType::kQ5_K:  // AVX2 only: the AVX-512 level keeps its row-major Q5_K and Q5_0
+    case DType::kQ5_0:  // kernels
 #endif
 #if KVS_MATMUL_AVX512 || defined(KVS_ISA_AVX2)
     case DType::kQ4_K:
@@ -235,6 +237,10 @@ void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const Fl
 
   if (w.type == DType::kQ4_0) {
     Rows<Q4_0Groups>(w, r0, r1, a, t0, t1, out, out_stride);
+#if !KVS_MATMUL_AVX512
+  } else if (w.type == DType::kQ5_0) {
+    Rows<Q5_0Groups>(w, r0, r1, a, t0, t1, out, out_stride);
+#endif
   } else {
     KVS_CHECK(w.type == DType::kQ8_0);
     Rows<Q8_0Groups>(w, r0, r1, a, t0, t1, out, out_stride);

@@ -84,7 +84,9 @@ void QuantizeActivationsFlat(const float* x, int64_t cols, int32_t code_offset, 
 // F16, BF16 with AVX-512).
 bool InterleavedKernelAvailable(DType t);
 inline int32_t InterleavedCodeOffset(DType t) {
-  return t == DType::kQ4_0 ? kCodeOffsetQ4_0 : kCodeOffsetQ8_0;
+  return t == DType::kQ4_0   ? kCodeOffsetQ4_0
+         : t == DType::kQ5_0 ? kCodeOffsetQ5_0
+                             : kCodeOffsetQ8_0;
 }
 // Like the tile kernels above for a kInterleaved16 matrix; r0 and r1 are multiples of 16.
 void MatMulRowsInterleaved(const MatrixView& w, int64_t r0, int64_t r1, const FlatActs& a,

@@ -215,6 +215,15 @@ void PackBlock(DType t, const uint8_t* src, int lane, uint8_t* group_block) {
   if (t == DType::kQ4_0) {
     const auto* b = reinterpret_cast<const BlockQ4_0*>(src);
     for (int k = 0; k < 4; ++k) std::memcpy(codes + 64 * k + 4 * lane, b->qs + 4 * k, 4);
+  } else if (t == DType::kQ5_0) {
+    const auto* b = reinterpret_cast<const BlockQ5_0*>(src);
+    uint32_t qh;
+    std::memcpy(&qh, b->qh, 4);
+    for (int k = 0; k < 4; ++k) {
+      std::memcpy(codes + 64 * k + 4 * lane, b->qs + 4 * k, 4);
+      codes[256 + 16 * k + lane] =
+          static_cast<uint8_t>(((qh >> (4 * k)) & 0xf) | (((qh >> (16 + 4 * k)) & 0xf) << 4));
+    }
   } else {
     const auto* b = reinterpret_cast<const BlockQ8_0*>(src);
     for (int s = 0; s < 8; ++s)
@@ -239,6 +248,15 @@ void UnpackBlock(DType t, const uint8_t* group_block, int lane, uint8_t* dst) {
   if (t == DType::kQ4_0) {
     auto* b = reinterpret_cast<BlockQ4_0*>(dst);
     for (int k = 0; k < 4; ++k) std::memcpy(b->qs + 4 * k, codes + 64 * k + 4 * lane, 4);
+  } else if (t == DType::kQ5_0) {
+    auto* b = reinterpret_cast<BlockQ5_0*>(dst);
+    uint32_t qh = 0;
+    for (int k = 0; k < 4; ++k) {
+      std::memcpy(b->qs + 4 * k, codes + 64 * k + 4 * lane, 4);
+      const uint32_t bits = codes[256 + 16 * k + lane];
+      qh |= (bits & 0xf) << (4 * k) | (bits >> 4) << (16 + 4 * k);
+    }
+    std::memcpy(b->qh, &qh, 4);
   } else {
     auto* b = reinterpret_cast<BlockQ8_0*>(dst);
     for (int s = 0; s < 8; ++s)

@@ -8,6 +8,9 @@
 // work is shared by 16 rows instead of done per row.
 //   Q4_0 (288 bytes per group-block): chunk k < 4 holds each row's qs[4k .. 4k+3]; its low
 //     nibbles are values 4k..4k+3 and its high nibbles values 16+4k..16+4k+3 (codes 0..15).
+//   Q5_0 (352 bytes per group-block; AVX2 level only): Q4_0's 256 bytes of nibbles, then for each
+//     chunk k < 4 a byte per row of the values' fifth bits: bits 0-3 those of values 4k..4k+3,
+//     bits 4-7 those of values 16+4k..16+4k+3 (codes value + 16, 0..31).
 //   Q8_0 (544 bytes per group-block): chunk s < 8 holds values 4s..4s+3 as unsigned codes
 //     (value + 128), so that the weights are dpbusd's unsigned operand without a conversion.
 //   F32, F16, BF16 (16 x 32 values per group-block): value j of the 16 rows side by side, one

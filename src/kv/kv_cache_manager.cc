@@ -353,13 +353,17 @@ bool KvCacheManager::Append(SeqId seq, int32_t n_new, std::vector<BlockCopy>* co
   return true;
 }
 
-bool KvCacheManager::Reserve(SeqId seq, int32_t n_positions) {
+int32_t KvCacheManager::BlocksToReserve(SeqId seq, int32_t n_positions) const {
   int32_t need = 0;
   for (int32_t g = 0; g < num_groups(); ++g) {
     need += std::max(0, BlocksFor(n_positions) - static_cast<int32_t>(Table(seq, g).blocks.size()));
   }
+  return need;
+}
+
+bool KvCacheManager::Reserve(SeqId seq, int32_t n_positions) {
   std::vector<BlockId> fresh;
-  if (!AllocateBlocks(need, &fresh)) return false;
+  if (!AllocateBlocks(BlocksToReserve(seq, n_positions), &fresh)) return false;
   auto from = fresh.begin();
   for (Group& group : groups_) {
     BlockTable& t = group.tables[seq];

@@ -109,6 +109,8 @@ class KvCacheManager {
   // Allocates blocks so that the sequence can hold n_positions without further allocation
   // (what a contiguous cache that reserves the whole context does). All or nothing.
   bool Reserve(SeqId seq, int32_t n_positions);
+  // The blocks Reserve(seq, n_positions) would take, in every group.
+  int32_t BlocksToReserve(SeqId seq, int32_t n_positions) const;
 
   // The KV slot of position pos: table[pos / block_size] * block_size + pos % block_size.
   int64_t Slot(SeqId seq, int32_t pos, int32_t g = 0) const;

@@ -128,15 +128,17 @@ RenderedChat RenderChat(ChatFormat format, const std::vector<ChatMessage>& messa
       break;
     }
     case ChatFormat::kGemma: {
-      // Gemma 3's template: no system role (the system text and a blank line open the first
-      // user turn), the assistant is "model", turns' contents trimmed; BOS from the model.
-      std::vector<ChatMessage> trimmed = messages;
-      for (ChatMessage& m : trimmed) {
-        if (m.role != "system") m.content = Trim(m.content);
-      }
-      for (const ChatMessage& m : FoldSystem(trimmed, "\n\n")) {
+      // Gemma 3's template, as its Jinja reads: a first message of role system is no turn, its
+      // text and a blank line open the first turn after it (whatever that turn's role); any
+      // later system message is a turn of its own; the assistant is "model"; turns' contents
+      // trimmed; BOS from the model.
+      const bool system_first = !messages.empty() && messages[0].role == "system";
+      const std::string prefix = system_first ? messages[0].content + "\n\n" : "";
+      for (size_t i = system_first ? 1 : 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        const bool first = i == (system_first ? 1u : 0u);
         t += "<start_of_turn>" + std::string(m.role == "assistant" ? "model" : m.role) + "\n" +
-             m.content + "<end_of_turn>\n";
+             (first ? prefix : "") + Trim(m.content) + "<end_of_turn>\n";
       }
       t += "<start_of_turn>model\n";
       r.add_bos = true;

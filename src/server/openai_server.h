@@ -74,6 +74,11 @@ class Server {
   // The engine's KV pool and load (after Load).
   kvserve::EngineStats stats() const { return ready_ ? engine_->stats() : kvserve::EngineStats{}; }
   const kvserve::EngineOptions& engine_options() const { return engine_->options(); }
+  // The blocks one full -c context takes at its peak (every KV group of the model's).
+  int64_t blocks_per_context() const {
+    const kvserve::EngineOptions& o = engine_options();
+    return model_->kv_blocks_per_sequence(o.n_ctx, o.block_size, o.max_batch_tokens);
+  }
   // What a cached KV block depends on besides its tokens (after Load): the KV format in one
   // line, and the weights' digest.
   std::string kv_format() const { return engine_->kv_format(); }

@@ -6,6 +6,7 @@
 // the tanh GELU; the embedding scaled by sqrt(n_embd); the output tied to the embedding unless
 // the file has one. The norms' weights are stored as 1 + w (the converter adds the one), so they
 // are plain RMS norms here.
+#include <algorithm>
 #include <cmath>
 
 #include "model/arch/architecture.h"
@@ -23,19 +24,33 @@ Status ReadGemma3(const MetadataReader& meta, ModelConfig* c) {
   local.freq_base = 10000.f;
   local.freq_scale = 1.f;
   KVS_RETURN_IF_ERROR(meta.Positive("rope.freq_base_swa", &local.freq_base));
-  c->ropes = {global, local};
   LayerSpec layer;
   layer.qk_norm = true;
   layer.norms = NormPlacement::kPreAndPost;
   layer.feed_forward = FeedForwardKind::kGeGluTanh;
   c->layers.assign(static_cast<size_t>(c->n_layer), layer);
   KVS_RETURN_IF_ERROR(ReadSlidingWindows(meta, /*default_pattern=*/6, c));
-  for (LayerSpec& l : c->layers) l.rope = l.attention == AttentionKind::kSliding ? 1 : 0;
-  if (c->ropes[1] == c->ropes[0]) c->ropes.pop_back();  // one RoPE for every layer
+  // The RoPEs the layers use, once each: a model whose layers share one has one (what a
+  // model-wide key calibration needs).
+  c->ropes.clear();
+  for (LayerSpec& l : c->layers) {
+    const RopeSpec& r = l.attention == AttentionKind::kSliding ? local : global;
+    const auto it = std::find(c->ropes.begin(), c->ropes.end(), r);
+    l.rope = static_cast<int32_t>(it - c->ropes.begin());
+    if (it == c->ropes.end()) c->ropes.push_back(r);
+  }
   c->embedding_scale = std::sqrt(static_cast<float>(c->n_embd));
   // Queries are scaled by query_pre_attn_scalar^-1/2: the head size, except in the 27B model
   // (62 layers), whose scalar is n_embd / n_head (how llama.cpp tells them apart, too).
-  if (c->n_layer == 62) c->query_scale = 1.f / std::sqrt(static_cast<float>(c->n_embd / c->n_head));
+  if (c->n_layer == 62) {
+    if (c->n_embd < c->n_head) {
+      return Status::Error(
+          StrFormat("a 62-layer gemma3 scales queries by embedding_length / "
+                    "head_count, and %d / %d is 0",
+                    c->n_embd, c->n_head));
+    }
+    c->query_scale = 1.f / std::sqrt(static_cast<float>(c->n_embd / c->n_head));  // as llama.cpp
+  }
   KVS_RETURN_IF_ERROR(meta.Positive("final_logit_softcapping", &c->final_logit_softcap));
   return Status::Ok();
 }
