@@ -212,16 +212,23 @@ TEST(Ops, SoftmaxSumsToOne) {
   EXPECT_GT(x[1], x[0]);
 }
 
+// 300 gate inputs spread over [-span, span] (zeros of both signs at 5 and 6) and up inputs.
+void GluInputs(float span, std::vector<float>* gate, std::vector<float>* up) {
+  gate->resize(300);
+  up->resize(300);
+  for (int i = 0; i < 300; ++i) {
+    (*gate)[i] = -span + 2 * span * i / 299.f + (i % 7) * 0.013f;
+    (*up)[i] = 0.5f + (i % 11) * 0.25f;
+  }
+  (*gate)[5] = 0.f;
+  (*gate)[6] = -0.f;
+}
+
 // The vectorised SwiGLU against the formula in double, over every tail length and inputs from
 // -100 to 100 (where a naive exp(-g) would overflow).
 TEST(Ops, SwiGluMatchesDefinition) {
-  std::vector<float> gate(300), up(300), out(300);
-  for (int i = 0; i < 300; ++i) {
-    gate[i] = -100.f + 200.f * i / 299.f + (i % 7) * 0.013f;
-    up[i] = 0.5f + (i % 11) * 0.25f;
-  }
-  gate[5] = 0.f;
-  gate[6] = -0.f;
+  std::vector<float> gate, up, out(300);
+  GluInputs(100.f, &gate, &up);
   for (int64_t n : {1, 15, 16, 17, 33, 300}) {
     SwiGlu(gate.data(), up.data(), out.data(), n);
     for (int64_t i = 0; i < n; ++i) {
@@ -234,13 +241,8 @@ TEST(Ops, SwiGluMatchesDefinition) {
 // The vectorised GeGLU (tanh GELU) against the formula in double with tanh itself, over every
 // tail length, inputs from -30 to 30 (and extremes where g^3 overflows a float).
 TEST(Ops, GeGluTanhMatchesDefinition) {
-  std::vector<float> gate(300), up(300), out(300);
-  for (int i = 0; i < 300; ++i) {
-    gate[i] = -30.f + 60.f * i / 299.f + (i % 7) * 0.013f;
-    up[i] = 0.5f + (i % 11) * 0.25f;
-  }
-  gate[5] = 0.f;
-  gate[6] = -0.f;
+  std::vector<float> gate, up, out(300);
+  GluInputs(30.f, &gate, &up);
   gate[7] = 1e20f;
   gate[8] = -1e20f;
   gate[9] = 1e-3f;
