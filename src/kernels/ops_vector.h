@@ -8,11 +8,11 @@
 
 namespace kvs::ops_internal {
 
-#define KVS_DECLARE_OPS_LEVEL(ns)                                         \
-  namespace ns {                                                          \
-  void SwiGlu(const float* gate, const float* up, float* out, int64_t n); \
+#define KVS_DECLARE_OPS_LEVEL(ns)                                            \
+  namespace ns {                                                             \
+  void SwiGlu(const float* gate, const float* up, float* out, int64_t n);    \
   void GeGluTanh(const float* gate, const float* up, float* out, int64_t n); \
-  float DotF32(const float* a, const float* b, int64_t n);                \
+  float DotF32(const float* a, const float* b, int64_t n);                   \
   }
 KVS_FOR_EACH_ISA_NAMESPACE(KVS_DECLARE_OPS_LEVEL)
 #undef KVS_DECLARE_OPS_LEVEL
