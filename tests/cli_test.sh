@@ -299,6 +299,11 @@ sed -n '/^text:/,$p' "$MODELS/stories260K.greedy256.expected.txt" | tail -n +2 >
 out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --json -t 2 2>/dev/null)
 if echo "$out" | grep -q '"ppl"' && echo "$out" | grep -q '"n_chunks"' && echo "$out" | grep -q '"n_tokens"'; then
   pass "perplexity --json ($out)"; else fail "perplexity --json gave '$out'"; fi
+# --chunks 1 scores one chunk of a text that holds two contexts, as llama-perplexity does (it was
+# refused: the text was cut to one chunk before the two-context check).
+out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --chunks 1 --json -t 2 2>/dev/null)
+if echo "$out" | grep -q '"n_chunks":1,'; then
+  pass "perplexity --chunks 1 ($out)"; else fail "perplexity --chunks 1 gave '$out'"; fi
 out=$("$BIN" perplexity -m "$S" -f "$TMP/text.txt" -c 64 --json -t 2 -ctk turbo4 -ctv q4_0 --kl-base 2>/dev/null)
 if python3 -c "
 import json, sys

@@ -51,6 +51,13 @@ bool LoadScoredText(std::string* model_path, const std::string& text_path, bool 
   if (!ReadTextFile(text_path, &text)) return false;
   if (!LoadModelWithTokenizer(*model_path, check_tensors, loaded)) return false;
   *ids = loaded->tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/false);
+  // As llama-perplexity: the whole text must hold two contexts, however few chunks are scored.
+  if (static_cast<int64_t>(ids->size()) < 2 * static_cast<int64_t>(n_ctx)) {
+    std::fprintf(stderr,
+                 "error: %s has %zu tokens; perplexity with a context of %d needs at least %lld\n",
+                 text_path.c_str(), ids->size(), n_ctx, 2 * static_cast<long long>(n_ctx));
+    return false;
+  }
   if (max_chunks > 0 &&
       static_cast<int64_t>(ids->size()) > static_cast<int64_t>(max_chunks) * n_ctx) {
     ids->resize(static_cast<size_t>(max_chunks) * n_ctx);

@@ -78,10 +78,12 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   const int32_t n_ctx = options.n_ctx;
   if (n_ctx < 4)
     return Status::Error(StrFormat("context %d is too small for perplexity (need >= 4)", n_ctx));
-  if (static_cast<int64_t>(tokens.size()) < 2 * static_cast<int64_t>(n_ctx)) {
+  // One whole chunk at least (the CLI asks the whole text for two, as llama-perplexity does,
+  // before --chunks cuts it).
+  if (static_cast<int64_t>(tokens.size()) < static_cast<int64_t>(n_ctx)) {
     return Status::Error(
         StrFormat("the text has %zu tokens; perplexity with a context of %d needs at least %d",
-                  tokens.size(), n_ctx, 2 * n_ctx));
+                  tokens.size(), n_ctx, n_ctx));
   }
   const KvGeometry geometry = ModelKvGeometry(model.config(), kKvBlockTokens, options.kv.types);
   KVS_RETURN_IF_ERROR(geometry.Validate());
