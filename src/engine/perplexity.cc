@@ -78,8 +78,7 @@ Expected<PerplexityResult> ComputePerplexity(const Model& model, const std::vect
   const int32_t n_ctx = options.n_ctx;
   if (n_ctx < 4)
     return Status::Error(StrFormat("context %d is too small for perplexity (need >= 4)", n_ctx));
-  // One whole chunk at least (the CLI asks the whole text for two, as llama-perplexity does,
-  // before --chunks cuts it).
+  // One chunk at least (the CLI asks two of the whole text, before --chunks cuts it).
   if (static_cast<int64_t>(tokens.size()) < static_cast<int64_t>(n_ctx)) {
     return Status::Error(
         StrFormat("the text has %zu tokens; perplexity with a context of %d needs at least %d",
